@@ -1,0 +1,1 @@
+"""Config-driven experiment runner for timm image models."""

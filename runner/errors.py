@@ -1,0 +1,44 @@
+"""Exceptions that map to documented exit codes, and the CLI wrapper that applies them."""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable
+
+EXIT_OK = 0
+EXIT_USER = 2  # a mistake in the config, the arguments or the data: one line on stderr
+EXIT_NONFINITE = 3  # the loss became NaN or inf; nothing non-finite was saved
+EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: state saved, rerun the same command to continue (EX_TEMPFAIL)
+
+
+class UserError(Exception):
+    """A mistake the user can fix; reported as one line, exit code 2."""
+
+    exit_code = EXIT_USER
+
+
+class NonFiniteLoss(Exception):
+    """The training loss became non-finite; exit code 3."""
+
+    exit_code = EXIT_NONFINITE
+
+
+class Preempted(Exception):
+    """A preemption signal arrived and the state was saved; exit code 75."""
+
+    exit_code = EXIT_PREEMPTED
+
+
+def cli(main: Callable[..., int | None]) -> Callable[..., None]:
+    """Run `main`, turning user mistakes into one stderr line and a non-zero exit."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs) -> None:
+        try:
+            code = main(*args, **kwargs)
+        except (UserError, NonFiniteLoss, Preempted) as e:
+            print(f"error: {e}" if isinstance(e, UserError) else str(e), file=sys.stderr, flush=True)
+            sys.exit(e.exit_code)
+        sys.exit(code or 0)
+
+    return wrapper
