@@ -1,0 +1,50 @@
+"""One table of every run under a folder: python tools/summarize.py ROOT [--sort KEY] [--format md|csv]."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runner.errors import UserError, cli
+from runner.summary import ACTIVE_S, DEFAULT_SORT, best_index, sort_rows, summarize, to_csv, to_markdown
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(
+        description="List every run (a folder with config.yaml) under ROOT: the keys that differ from the "
+        "defaults, the status and the results. Status: done | running (no results.json and a file changed "
+        f"within {ACTIVE_S:.0f} s, or a live run.pid) | interrupted (re-run to continue) | failed.")
+    parser.add_argument("root", type=Path, help="folder to search, at any depth (e.g. a sweep root)")
+    parser.add_argument("--sort", default=DEFAULT_SORT, metavar="KEY",
+                        help=f"column to sort by (default {DEFAULT_SORT}), e.g. TRAIN.LR, wall_s, run")
+    parser.add_argument("--format", choices=("md", "csv"), default="md", help="markdown table or CSV")
+    order = parser.add_mutually_exclusive_group()
+    order.add_argument("--desc", dest="descending", action="store_true", default=True,
+                       help="largest first (default)")
+    order.add_argument("--asc", dest="descending", action="store_false", help="smallest first")
+    return parser.parse_args(argv)
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    """Print the summary table of ROOT."""
+    args = parse_args(argv)
+    if not args.root.is_dir():
+        raise UserError(f"ROOT {args.root} is not a folder; give the folder that holds the run folders")
+    rows = summarize(args.root)
+    if not rows:
+        print(f"no runs under {args.root} (a run folder holds a config.yaml)", file=sys.stderr)
+        return 0
+    if args.sort not in rows[0]:
+        raise UserError(f"--sort {args.sort!r} is not a column; columns: {', '.join(rows[0])}")
+    rows = sort_rows(rows, args.sort, args.descending)
+    best = best_index(rows)
+    sys.stdout.write(to_csv(rows, best) if args.format == "csv" else to_markdown(rows, best))
+    return 0
+
+
+if __name__ == "__main__":
+    main()
