@@ -1,0 +1,27 @@
+"""Print the environment report (versions, CPUs, GPUs, backends): `python tools/env_info.py [--json]`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runner.envinfo import collect_env, format_env
+from runner.errors import cli
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags and print the report."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    args = parser.parse_args(argv)
+    info = collect_env()
+    print(json.dumps(info, indent=2) if args.json else format_env(info), end="\n" if args.json else "")
+    return 0
+
+
+if __name__ == "__main__":
+    main()
