@@ -17,6 +17,7 @@ from typing import Any
 NOT_INSTALLED = "not installed"
 _PACKAGES = ("torch", "timm", "yacs", "tensorboard", "numpy")
 _MB = 1024**2
+_NO_TORCH = "n/a (torch not importable)"
 
 
 def collect_env(free_mem_devices: Iterable[int] | None = None) -> dict[str, Any]:
@@ -49,16 +50,16 @@ def format_env(info: dict[str, Any]) -> str:
         ("Python", f"{info.get('python')} ({info.get('python_executable')})"),
         ("Platform", info.get("platform")),
         *[(name, pkgs.get(name, NOT_INSTALLED)) for name in _PACKAGES],
-        ("torch CUDA build", build.get("cuda") or "none (CPU-only build)"),
+        ("torch CUDA build", build.get("cuda") or ("none (CPU-only build)" if build else _NO_TORCH)),
     ]
     if build.get("hip"):
         rows.append(("torch ROCm build", build["hip"]))
     rows += [
-        ("cuDNN", build.get("cudnn") or "not available"),
-        ("NCCL", build.get("nccl") or "not available"),
+        ("cuDNN", build.get("cudnn") or ("not available" if build else _NO_TORCH)),
+        ("NCCL", build.get("nccl") or ("not available" if build else _NO_TORCH)),
         ("NVIDIA driver", info.get("nvidia_driver") or "not found"),
         ("CPUs", f"{cpu.get('usable')} usable of {cpu.get('count')}"),
-        ("torch threads", cpu.get("torch_threads")),
+        ("torch threads", cpu.get("torch_threads") or _NO_TORCH),
         ("CUDA_VISIBLE_DEVICES", info.get("cuda_visible_devices") or "unset"),
         ("CUDA available", _yes_no(info.get("cuda_available"))),
         ("bf16 (all GPUs)", _yes_no(info.get("bf16"))),
