@@ -1,12 +1,19 @@
 """FLOPs, parameters and activation memory measured on real modules."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import timm
 import torch
 from torch import nn
 
 from runner.flops import forward_flops, model_stats, saved_activation_bytes, train_flops
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_linear_counts_are_exact():
@@ -47,3 +54,32 @@ def test_in_chans_changes_the_stem_only():
     gray = model_stats(timm.create_model("resnet10t", num_classes=10, in_chans=1), 32, 1)
     rgb = model_stats(timm.create_model("resnet10t", num_classes=10, in_chans=3), 32, 3)
     assert 0 < rgb["gflops_per_img"] - gray["gflops_per_img"] < 0.1 * rgb["gflops_per_img"]
+
+
+def _flops_tool(*args: str) -> subprocess.CompletedProcess:
+    """Run tools/flops.py with this interpreter."""
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "flops.py"), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_flops_tool_measures_the_configured_model(tmp_path):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("MODEL:\n  NAME: resnet10t\n  NUM_CLASSES: 7\nDATA:\n  IMG_SIZE: 32\n")
+    result = _flops_tool("--cfg", str(cfg), "MODEL.IN_CHANS", "1", "DATA.MEAN", "[0.5]", "DATA.STD", "[0.5]")
+    assert result.returncode == 0, result.stderr
+    *table, last = result.stdout.strip().splitlines()
+    stats = json.loads(last)
+    expected = model_stats(timm.create_model("resnet10t", num_classes=7, in_chans=1), 32, 1)
+    assert stats["model"] == "resnet10t" and stats["img_size"] == 32 and stats["in_chans"] == 1
+    assert stats["params"] == expected["params"]
+    assert stats["gflops_per_img"] == pytest.approx(expected["gflops_per_img"])
+    assert any(line.startswith("forward") and "GFLOPs / image" in line for line in table)
+
+
+def test_flops_tool_bad_model_name_is_one_line_exit_2(tmp_path):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("MODEL:\n  NAME: resnet10x\n")
+    result = _flops_tool("--cfg", str(cfg))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "resnet10x" in result.stderr
+    assert "Traceback" not in result.stderr

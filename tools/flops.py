@@ -1,0 +1,66 @@
+"""Parameters, FLOPs per image and activation memory of the configured model at the configured size.
+
+    python tools/flops.py --cfg configs/x.yaml [KEY VALUE ...]
+
+Prints a small table, then one line of JSON. FLOPs are counted by torch's FlopCounterMode (2 x the
+multiply-accumulates of matmuls, convolutions and attention), in float32, on random inputs.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runner.config import build_parser, handle_info_flags, load_config
+from runner.errors import UserError, cli
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    """Load the config, build the model as training would, measure it and print the figures."""
+    parser = build_parser(description="Parameters, FLOPs and activation memory of the configured model.")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where to run the measuring passes (default: cpu; the counts are the same)")
+    cfg, info = load_config(argv, parser)
+    if handle_info_flags(cfg, info):
+        return 0
+
+    import torch
+
+    from runner.flops import model_stats
+    from runner.model import build_model
+
+    device = torch.device(info.args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but CUDA is not available here; use --device cpu (same figures)")
+    # weights do not change the counts; skipping them avoids loading (or failing to find) a large file
+    arch = cfg.clone()
+    arch.defrost()
+    arch.MODEL.PRETRAINED, arch.MODEL.CHECKPOINT = False, ""
+    arch.freeze()
+    model = build_model(arch).to(device)
+    stats = {"model": cfg.MODEL.NAME, **model_stats(model, cfg.DATA.IMG_SIZE, cfg.MODEL.IN_CHANS, device)}
+    print(format_stats(stats))
+    print(json.dumps(stats))
+    return 0
+
+
+def format_stats(stats: dict) -> str:
+    """The human-readable table printed above the JSON line."""
+    size = stats["img_size"]
+    rows = [
+        ("model", stats["model"]),
+        ("input", f"{stats['in_chans']} x {size} x {size}"),
+        ("params", f"{stats['params'] / 1e6:.3f} M ({stats['trainable_params'] / 1e6:.3f} M trainable)"),
+        ("forward", f"{stats['gflops_per_img']:.4g} GFLOPs / image"),
+        ("train step", f"{stats['train_gflops_per_img']:.4g} GFLOPs / image (forward + backward)"),
+        ("activations", f"{stats['act_mb_per_img']:.4g} MB / image (saved for backward, float32)"),
+    ]
+    width = max(len(key) for key, _ in rows)
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows)
+
+
+if __name__ == "__main__":
+    main()
