@@ -440,6 +440,8 @@ def handle_info_flags(cfg: CN, info: ConfigInfo) -> bool:
 
 def yaml_scalar(token: str) -> Any:
     """A command-line token read like a YAML value; text that is not valid YAML stays text."""
+    if not token.strip():
+        return token  # DATA.ROOT "" means empty text, not YAML's null
     try:
         return yaml.safe_load(token)
     except yaml.YAMLError:

@@ -1,0 +1,525 @@
+"""runner/config.py: layering, coercion, validation, user mistakes, provenance, naming, round trip."""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from yacs.config import CfgNode
+
+from runner import config as C
+from runner.config import (
+    RESUME_SAFE_KEYS,
+    ConfigInfo,
+    changed_from_defaults,
+    coerce_value,
+    config_from_yaml_text,
+    default_output_dir,
+    diff_configs,
+    dump_config,
+    get_default_config,
+    handle_info_flags,
+    load_config,
+    validate,
+)
+from runner.errors import UserError, cli
+
+REPO = Path(__file__).resolve().parents[1]
+CHAIN = REPO / "configs" / "test" / "chain"
+TRAIN_PY = REPO / "tools" / "train.py"
+
+
+def write(folder: Path, name: str, text: str) -> str:
+    """Write a YAML file under `folder` and return its path."""
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def user_error_line(argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    """Run load_config the way tools do (under `cli`); assert exit 2 and one stderr line; return it."""
+
+    @cli
+    def main() -> int:
+        cfg, info = load_config(argv)
+        return 0 if handle_info_flags(cfg, info) else 0
+
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert "Traceback" not in err
+    return err.strip()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Defaults
+# ---------------------------------------------------------------------------------------------------------
+def test_defaults_are_a_fresh_unfrozen_clone():
+    a, b = get_default_config(), get_default_config()
+    assert not a.is_frozen()
+    a.TRAIN.LR = 3.0
+    assert b.TRAIN.LR == 0.1 and C._C.TRAIN.LR == 0.1
+    assert isinstance(a.DATA.MEAN, tuple) and isinstance(a.AUG.SCALE, tuple)
+
+
+def test_every_default_key_has_a_comment_and_every_section_a_banner():
+    lines = (REPO / "runner" / "config.py").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"_C(\.[A-Z_]+)+ = ", line):
+            if line.endswith("= CN()"):
+                assert re.fullmatch(r"# -{20,}", lines[i - 1]) and lines[i - 1] == lines[i - 3], line
+                assert lines[i - 2].startswith("# "), f"no section title above {line}"
+            else:
+                assert lines[i - 1].lstrip().startswith("#"), f"no comment above {line}"
+
+
+def test_issue_keys_exist():
+    keys = C._leaf_keys(get_default_config())
+    for key in ("OUTPUT_DIR SEED DEVICE MODEL.NAME MODEL.NUM_CLASSES MODEL.IN_CHANS MODEL.CHECKPOINT "
+                "MODEL.CHANNELS_LAST MODEL.COMPILE DATA.NAME DATA.ROOT DATA.IMG_SIZE DATA.BATCH_SIZE "
+                "DATA.NUM_WORKERS TRAIN.EPOCHS TRAIN.OPTIMIZER TRAIN.LR TRAIN.WEIGHT_DECAY TRAIN.SCHEDULER "
+                "TRAIN.WARMUP_EPOCHS TRAIN.ACCUM_STEPS TRAIN.CLIP_GRAD TRAIN.LABEL_SMOOTHING AMP.ENABLED "
+                "AMP.DTYPE CUDNN.BENCHMARK CUDNN.DETERMINISTIC CHECKPOINT.PERIOD CHECKPOINT.RESUME "
+                "LOG.PERIOD EVAL.PERIOD").split():
+        assert key in keys
+    assert RESUME_SAFE_KEYS <= set(keys)
+    assert {"LOG.PERIOD", "PROFILE.ENABLED", "TRAIN.EPOCHS", "OUTPUT_DIR"} <= RESUME_SAFE_KEYS
+    assert "TRAIN.LR" not in RESUME_SAFE_KEYS
+
+
+def test_defaults_pass_validation():
+    cfg, _ = load_config([])
+    assert cfg.is_frozen() and cfg.OUTPUT_DIR == "output/default"
+    validate(get_default_config())
+
+
+def test_optimizer_list_matches_timm():
+    timm_optim = pytest.importorskip("timm.optim")
+    names = {n for n in timm_optim.list_optimizers() if not n.startswith(("bnb", "fused"))}
+    assert set(C.OPTIMIZERS) == names
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layering
+# ---------------------------------------------------------------------------------------------------------
+def test_three_level_base_chain_with_lists_at_two_levels():
+    cfg, info = load_config(["--cfg", str(CHAIN / "top.yaml")])
+    assert cfg.MODEL.NAME == "resnet10t"  # only r1 (level 3, via mid/a.yaml)
+    assert cfg.TRAIN.WEIGHT_DECAY == 1e-4  # r2, read from "1e-4" (text in YAML 1.1)
+    assert cfg.TRAIN.EPOCHS == 3  # mid/a.yaml's own key beats its bases
+    assert cfg.DATA.IMG_SIZE == 24  # r3 (through b.yaml, the later base) beats r1
+    assert cfg.DATA.BATCH_SIZE == 16 and cfg.TRAIN.OPTIMIZER == "adamw"
+    assert cfg.TRAIN.LR == 0.05  # top's own key beats r1 and r2
+    assert cfg.AMP.DTYPE == "float16"
+    assert info.provenance["TRAIN.LR"].endswith("top.yaml:6")
+    assert info.provenance["DATA.IMG_SIZE"].endswith("r3.yaml:4")
+    assert [v for v, _ in info.history["TRAIN.LR"]] == [0.5, 0.2, 0.05]
+
+
+def test_repeated_cfg_later_file_wins_and_overrides_win_over_files(tmp_path):
+    a = write(tmp_path, "a.yaml", "TRAIN:\n  LR: 0.3\n  EPOCHS: 4\n")
+    b = write(tmp_path, "b.yaml", "TRAIN:\n  LR: 0.2\n")
+    cfg, info = load_config(["--cfg", a, "--cfg", b, "TRAIN.EPOCHS", "5"])
+    assert (cfg.TRAIN.LR, cfg.TRAIN.EPOCHS) == (0.2, 5)
+    assert info.files == [a, b] and info.overrides == [("TRAIN.EPOCHS", 5)]
+    assert info.provenance["TRAIN.EPOCHS"] == "command line"
+
+
+def test_base_relative_to_naming_file_absolute_and_diamond(tmp_path):
+    root = write(tmp_path, "root.yaml", "SEED: 7\n")
+    write(tmp_path, "x/left.yaml", "_BASE_: ../root.yaml\nMODEL: {NAME: left}\n")
+    write(tmp_path, "x/right.yaml", f"_BASE_: {root}\nDATA: {{IMG_SIZE: 20}}\n")
+    top = write(tmp_path, "x/y/top.yaml", "_BASE_: [../left.yaml, ../right.yaml]\n")
+    cfg, _ = load_config(["--cfg", top])
+    assert (cfg.SEED, cfg.MODEL.NAME, cfg.DATA.IMG_SIZE) == (7, "left", 20)
+
+
+def test_empty_file_empty_section_and_yaml_anchors_are_fine(tmp_path):
+    empty = write(tmp_path, "empty.yaml", "# nothing yet\n")
+    cfg, _ = load_config(["--cfg", empty])
+    assert diff_configs(cfg, get_default_config()) == [("OUTPUT_DIR", "output/empty", "")]
+    anchors = write(tmp_path, "anch.yaml", "TRAIN:\n  LR: &lr 0.3\n  MIN_LR: *lr\nAMP:\n")
+    cfg, _ = load_config(["--cfg", anchors])
+    assert cfg.TRAIN.MIN_LR == 0.3 and cfg.AMP.ENABLED is False
+
+
+def test_result_is_frozen():
+    cfg, _ = load_config(["TRAIN.LR", "0.2"])
+    with pytest.raises(AttributeError):
+        cfg.TRAIN.LR = 0.3
+
+
+def test_caller_parser_extra_arguments_reach_info_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dry-run", action="store_true")
+    cfg, info = load_config(["--dry-run", "TRAIN.LR", "0.3"], parser)
+    assert info.args.dry_run and info.args.cfg == [] and cfg.TRAIN.LR == 0.3
+    parser2 = C.build_parser(description="x")
+    parser2.add_argument("--extra", type=int, default=1)
+    _, info2 = load_config(["--extra", "3"], parser2)
+    assert info2.args.extra == 3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Coercion
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key, token, expected", [
+    ("TRAIN.LR", "1", 1.0),  # int for a float key
+    ("TRAIN.LR", "1e-3", 0.001),  # YAML 1.1 reads this as text; still a number here
+    ("TRAIN.LR", "5E-2", 0.05),
+    ("AMP.ENABLED", "true", True), ("AMP.ENABLED", "True", True),
+    ("AMP.ENABLED", "false", False), ("AMP.ENABLED", "False", False),
+    ("AMP.ENABLED", "yes", True), ("AMP.ENABLED", "off", False),  # YAML 1.1 booleans, as in files
+    ("MODEL.NAME", "18", "18"),  # a number for a text key keeps its text
+    ("MODEL.NAME", "1e-3", "1e-3"), ("MODEL.NAME", "1.50", "1.50"), ("MODEL.NAME", "'quoted'", "quoted"),
+    ("DATA.ROOT", "", ""),
+    ("DATA.BATCH_SIZE", "32.0", 32),  # a whole float for an int key
+    ("DATA.NUM_WORKERS", "-1", -1),
+    ("DATA.MEAN", "[0.5, 0.5, 0.5]", (0.5, 0.5, 0.5)),  # list -> tuple
+    ("DATA.MEAN", "(1, 0.5, 0.5)", (1.0, 0.5, 0.5)),  # Python tuple text, ints to floats
+    ("AUG.AUTO_AUGMENT", "rand-m9-mstd0.5-inc1", "rand-m9-mstd0.5-inc1"),
+    ("TRAIN.OPTIMIZER", "lookahead_adamw", "lookahead_adamw"),
+])
+def test_command_line_coercion(key, token, expected):
+    cfg, info = load_config([key, token])
+    value = C._get(cfg, key)
+    assert value == expected and type(value) is type(expected)
+    assert info.overrides == [(key, expected)]
+
+
+def test_yaml_file_values_get_the_same_friendly_coercion(tmp_path):
+    f = write(tmp_path, "f.yaml", "MODEL:\n  NAME: 18\nTRAIN:\n  LR: 1\n  WEIGHT_DECAY: 1e-4\n  EMA: True\n"
+                                  "AUG:\n  AUTO_AUGMENT: 1.0e-3\n  SCALE: [1, 1]\nDATA:\n  MEAN: [0, 0, 1]\n")
+    cfg, _ = load_config(["--cfg", f])
+    assert cfg.MODEL.NAME == "18" and cfg.AUG.AUTO_AUGMENT == "1.0e-3"  # the text as written
+    assert cfg.TRAIN.LR == 1.0 and isinstance(cfg.TRAIN.LR, float) and cfg.TRAIN.WEIGHT_DECAY == 1e-4
+    assert cfg.TRAIN.EMA is True
+    assert cfg.AUG.SCALE == (1.0, 1.0) and cfg.DATA.MEAN == (0.0, 0.0, 1.0)
+    assert all(isinstance(x, float) for x in cfg.DATA.MEAN)
+
+
+def test_null_only_where_the_default_is_none():
+    assert coerce_value("X.ANY", None, None) is None
+    assert coerce_value("X.ANY", [1, 2], None) == (1, 2)
+    with pytest.raises(UserError, match="MODEL.NAME cannot be null"):
+        coerce_value("MODEL.NAME", None, "resnet18")
+    with pytest.raises(UserError, match="TRAIN.LR cannot be null"):
+        coerce_value("TRAIN.LR", None, 0.1, "~", "f.yaml:2")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# User mistakes: exit code 2, one line, no traceback
+# ---------------------------------------------------------------------------------------------------------
+FILES = {
+    "dup.yaml": "TRAIN:\n  LR: 0.1\n  EPOCHS: 2\n  LR: 0.2\n",
+    "dup_top.yaml": "TRAIN:\n  LR: 0.1\nTRAIN:\n  EPOCHS: 2\n",
+    "unknown.yaml": "TRAIN:\n  LRR: 0.1\n",
+    "via.yaml": "_BASE_: [empty.yaml, unknown.yaml]\n",
+    "empty.yaml": "",
+    "cycle1.yaml": "_BASE_: sub/cycle2.yaml\n",
+    "sub/cycle2.yaml": "_BASE_: ../cycle1.yaml\n",
+    "self.yaml": "_BASE_: self.yaml\n",
+    "pytag.yaml": "TRAIN:\n  LR: !!python/object/apply:os.system ['echo hacked']\n",
+    "pyname.yaml": "MODEL: !!python/name:os.system\n",
+    "syntax.yaml": "TRAIN:\n  LR: 0.1\n   EPOCHS: 2\n",
+    "flow.yaml": "DATA:\n  MEAN: [0.5, 0.5\n",
+    "list.yaml": "- TRAIN.LR\n- 0.1\n",
+    "scalar.yaml": "just text\n",
+    "missing_base.yaml": "_BASE_: nowhere.yaml\n",
+    "deep_missing.yaml": "_BASE_: missing_base.yaml\n",
+    "base_int.yaml": "_BASE_: 3\n",
+    "bad_type.yaml": "DATA:\n  BATCH_SIZE: big\n",
+    "section_value.yaml": "TRAIN: 0.1\n",
+    "leaf_mapping.yaml": "TRAIN:\n  LR: {value: 0.1}\n",
+    "int_key.yaml": "1: 2\n",
+    "base_py.yaml": "_BASE_: evil.py\n",
+    "custom_tag.yaml": "TRAIN:\n  LR: !mytag 0.1\n",
+    "null_text.yaml": "DATA:\n  ROOT:\n",
+}
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--cfg", "{}/nope.yaml"], r"config file .*nope.yaml not found \(from --cfg\)"),
+    (["--cfg", "{}/emtpy.yaml"], r"not found .*did you mean .*empty.yaml\?"),
+    (["--cfg", "{}"], "is a directory"),
+    (["--cfg", "{}/evil.py"], r"evil.py \(from --cfg\): Python config files are not supported"),
+    (["--cfg", "{}/base_py.yaml"], "Python config files are not supported"),
+    (["--cfg", "{}/dup.yaml"], r"dup.yaml:4: duplicate key TRAIN.LR \(first set at line 2\)"),
+    (["--cfg", "{}/dup_top.yaml"], r"dup_top.yaml:3: duplicate key TRAIN \(first set at line 1\)"),
+    (["--cfg", "{}/unknown.yaml"], r"key TRAIN.LRR \(.*unknown.yaml:2\); did you mean TRAIN.LR\?$"),
+    (["--cfg", "{}/via.yaml"], r"TRAIN.LRR \(.*unknown.yaml:2; chain .*via.yaml -> .*unknown.yaml\)"),
+    (["--cfg", "{}/cycle1.yaml"], r"_BASE_ cycle: .*cycle1.yaml -> .*cycle2.yaml -> .*cycle1.yaml$"),
+    (["--cfg", "{}/self.yaml"], r"_BASE_ cycle: .*self.yaml -> .*self.yaml$"),
+    (["--cfg", "{}/pytag.yaml"], r"pytag.yaml:2: Python-tagged YAML .* is refused"),
+    (["--cfg", "{}/pyname.yaml"], r"pyname.yaml:1: Python-tagged YAML"),
+    (["--cfg", "{}/custom_tag.yaml"], r"custom_tag.yaml:2: unsupported YAML tag !mytag"),
+    (["--cfg", "{}/syntax.yaml"], r"syntax.yaml:3: YAML syntax error"),
+    (["--cfg", "{}/flow.yaml"], r"flow.yaml:\d: YAML syntax error: while parsing a flow .* \(from line 2\)"),
+    (["--cfg", "{}/list.yaml"], r"list.yaml:1: the top level of a config file must be a mapping .* list"),
+    (["--cfg", "{}/scalar.yaml"], r"must be a mapping .* got a single value"),
+    (["--cfg", "{}/missing_base.yaml"], r"nowhere.yaml not found \(from _BASE_ at .*missing_base.yaml:1\)"),
+    (["--cfg", "{}/deep_missing.yaml"], r"not found .*; chain .*deep_missing.yaml -> .*missing_b"),
+    (["--cfg", "{}/base_int.yaml"], r"_BASE_ must be a path or a list of paths, got 3"),
+    (["--cfg", "{}/bad_type.yaml"], r"DATA.BATCH_SIZE expects an integer, got 'big' \(.*bad_type.yaml:2\)"),
+    (["--cfg", "{}/section_value.yaml"], r"TRAIN is a section, not a value"),
+    (["--cfg", "{}/leaf_mapping.yaml"], r"TRAIN.LR expects a number, got '\{value: 0.1\}'"),
+    (["--cfg", "{}/int_key.yaml"], r"int_key.yaml:1: config keys are names, got 1"),
+    (["--cfg", "{}/null_text.yaml"], r"DATA.ROOT cannot be null \(.*null_text.yaml:2\).*use '' for empty"),
+    (["--cfg"], r"argument --cfg: expected one argument"),
+    (["--cgf", "x.yaml"], r"unknown option --cgf"),
+    (["TRAIN.LR", "0.1", "--lr", "0.1"], r"unknown option --lr"),
+    (["-x"], r"unknown option -x"),
+    (["TRAIN.LR"], r"TRAIN.LR has no value"),
+    (["TRAIN.LR", "AMP.ENABLED", "true"], r"TRAIN.LR has no value \(it is followed by the key AMP.ENABLED\)"),
+    (["0.1"], r"value '0.1' has no key"),
+    (["TRAIN.LR", "0.1", "resnet18"], r"value 'resnet18' has no key \(after TRAIN.LR 0.1\)"),
+    (["TRAIN.LRR", "0.1"], r"unknown config key TRAIN.LRR on the command line; did you mean TRAIN.LR\?"),
+    (["train.lr", "0.1"], r"did you mean TRAIN.LR\?"),
+    (["BATCH_SIZE", "8"], r"did you mean DATA.BATCH_SIZE\?"),
+    (["TRAIN", "0.1"], r"TRAIN is a section, not a key"),
+    (["TRAIN.LR", "fast"], r"TRAIN.LR expects a number, got 'fast' \(command line\)"),
+    (["TRAIN.LR", "true"], r"TRAIN.LR expects a number, got 'true'"),
+    (["TRAIN.LR", "nan"], r"TRAIN.LR must be a finite number"),
+    (["DATA.BATCH_SIZE", "2.5"], r"DATA.BATCH_SIZE expects an integer, got '2.5'"),
+    (["DATA.BATCH_SIZE", "true"], r"DATA.BATCH_SIZE expects an integer"),
+    (["AMP.ENABLED", "1"], r"AMP.ENABLED expects true or false, got '1'"),
+    (["AMP.ENABLED", "maybe"], r"AMP.ENABLED expects true or false"),
+    (["MODEL.NAME", "null"], r"MODEL.NAME cannot be null"),
+    (["MODEL.NAME", "[a, b]"], r"MODEL.NAME expects text, got '\[a, b\]'"),
+    (["DATA.MEAN", "0.5"], r"DATA.MEAN expects a list like \[0.485, 0.456, 0.406\], got '0.5'"),
+    (["DATA.MEAN", "[a, 0.5, 0.5]"], r"DATA.MEAN\[0\] expects a number, got 'a'"),
+    (["AMP.DTYPE", "fp16"], r"AMP.DTYPE must be one of bfloat16\|float16, got 'fp16' \(command line\)"),
+    (["DEVICE", "gpu"], r"DEVICE must be one of auto\|cpu\|cuda"),
+    (["DATA.NAME", "cifar"], r"DATA.NAME must be one of digits\|folder\|synthetic"),
+    (["TRAIN.SCHEDULER", "cos"], r"cosine\|step\|none, got 'cos' \(command line\); did you mean cosine"),
+    (["TRAIN.CLIP_MODE", "norms"], r"TRAIN.CLIP_MODE must be one of norm\|value\|agc"),
+    (["DIST.BACKEND", "mpi"], r"DIST.BACKEND must be one of auto\|nccl\|gloo"),
+    (["LOG.PROGRESS", "fancy"], r"LOG.PROGRESS must be one of auto\|bar\|plain"),
+    (["TRAIN.OPTIMIZER", "adamx"], r"TRAIN.OPTIMIZER must be a timm optimizer name .*did you mean adamax\?"),
+    (["DATA.BATCH_SIZE", "0"], r"DATA.BATCH_SIZE must be >= 1, got 0 \(command line\)"),
+    (["DATA.IMG_SIZE", "-8"], r"DATA.IMG_SIZE must be >= 1"),
+    (["TRAIN.EPOCHS", "0"], r"TRAIN.EPOCHS must be >= 1"),
+    (["TRAIN.ACCUM_STEPS", "0"], r"TRAIN.ACCUM_STEPS must be >= 1"),
+    (["LOG.PERIOD", "0"], r"LOG.PERIOD must be >= 1"),
+    (["TRAIN.LR", "0"], r"TRAIN.LR must be > 0"),
+    (["AUG.MIXUP", "-0.1"], r"AUG.MIXUP must be >= 0"),
+    (["AUG.CUTMIX", "-1"], r"AUG.CUTMIX must be >= 0"),
+    (["AUG.HFLIP", "1.5"], r"AUG.HFLIP must be in \[0, 1\]"),
+    (["DATA.NUM_WORKERS", "-2"], r"DATA.NUM_WORKERS must be >= 0 \(or -1 for auto\)"),
+    (["DATA.NAME", "folder"], r"DATA.NAME folder needs DATA.ROOT"),
+    (["DATA.NAME", "folder", "DATA.ROOT", "/no/such/dir"], r"DATA.ROOT '/no/such/dir' is not a folder"),
+    (["MODEL.IN_CHANS", "1"], r"DATA.MEAN needs one value per input channel \(MODEL.IN_CHANS 1\)"),
+    (["AUG.SCALE", "[0.9, 0.1]"], r"AUG.SCALE must be \[low, high\]"),
+    (["TRAIN.MIN_LR", "1"], r"TRAIN.MIN_LR \(1.0\) must not exceed TRAIN.LR"),
+    (["TRAIN.WARMUP_EPOCHS", "10"], r"TRAIN.WARMUP_EPOCHS \(10.0\) must be less than TRAIN.EPOCHS"),
+    (["DIST.BACKEND", "nccl", "DEVICE", "cpu"], r"DIST.BACKEND nccl needs GPUs"),
+    (["PROFILE.ONLY", "true"], r"PROFILE.ONLY needs PROFILE.ENABLED true"),
+    (["CHECKPOINT.RESUME", "''"], r"CHECKPOINT.RESUME must be auto, none or a checkpoint path"),
+    (["CHECKPOINT.RESUME", "/no/such.pth"], r"CHECKPOINT.RESUME '/no/such.pth' is not a file"),
+    (["MODEL.CHECKPOINT", "/no/weights.pth"], r"MODEL.CHECKPOINT '/no/weights.pth' is not a file"),
+])
+def test_user_mistake_is_one_line_exit_2(tmp_path, capsys, argv, expected):
+    for name, text in FILES.items():
+        write(tmp_path, name, text)
+    marker = tmp_path / "executed"
+    write(tmp_path, "evil.py", f"open({str(marker)!r}, 'w').write('x')\n")
+    line = user_error_line([a.format(tmp_path) for a in argv], capsys)
+    assert re.search(expected, line), line
+    assert not marker.exists()
+
+
+def test_mistake_in_file_reports_where_it_was_set(tmp_path, capsys):
+    f = write(tmp_path, "f.yaml", "# header\nAMP:\n  DTYPE: half\n")
+    line = user_error_line(["--cfg", f], capsys)
+    assert f"({f}:3)" in line and "AMP.DTYPE must be one of bfloat16|float16, got 'half'" in line
+
+
+def test_cfg_without_argument_names_help(capsys):
+    assert "(see --help)" in user_error_line(["--cfg"], capsys)
+
+
+def test_valid_edge_values_pass():
+    cfg, _ = load_config(["CHECKPOINT.RESUME", "none", "AUG.MIXUP", "0.8", "AUG.CUTMIX", "1.0",
+                          "MODEL.COMPILE", "true", "CUDNN.DETERMINISTIC", "true", "MODEL.IN_CHANS", "1",
+                          "DATA.MEAN", "[0.5]", "DATA.STD", "[0.5]", "DATA.NAME", "synthetic"])
+    assert cfg.MODEL.COMPILE and cfg.CUDNN.DETERMINISTIC and cfg.DATA.MEAN == (0.5,)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --print-config and --explain
+# ---------------------------------------------------------------------------------------------------------
+def test_print_config_shows_coerced_values_under_their_sections(capsys):
+    cfg, info = load_config(["--cfg", str(CHAIN / "top.yaml"), "TRAIN.LR", "1", "AMP.ENABLED", "true",
+                             "--print-config"])
+    assert handle_info_flags(cfg, info) is True
+    out = capsys.readouterr().out
+    assert re.search(r"^TRAIN:\n(  .*\n)*?  LR: 1\.0$", out, re.M)
+    assert re.search(r"^AMP:\n  ENABLED: true$", out, re.M)
+    assert yaml.safe_load(out)["TRAIN"]["OPTIMIZER"] == "adamw"
+
+
+def test_no_info_flags_means_carry_on(capsys):
+    cfg, info = load_config([])
+    assert handle_info_flags(cfg, info) is False and capsys.readouterr().out == ""
+
+
+def test_explain_names_file_line_and_command_line(capsys):
+    top = str(CHAIN / "top.yaml")
+    cfg, info = load_config(["--cfg", top, "TRAIN.LR", "1", "--explain"])
+    assert handle_info_flags(cfg, info)
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if not line.startswith("#")}
+    assert rows["TRAIN.LR"].split("<-")[1].strip().startswith("command line")
+    assert "0.05 from " + top + ":6" in rows["TRAIN.LR"]  # the value it replaced, and where that was
+    assert rows["MODEL.NAME"].rstrip().endswith(str(CHAIN / "mid" / ".." / "r1.yaml").replace("mid/../", "")
+                                                + ":3")
+    assert rows["TRAIN.EPOCHS"].split("<-")[1].split()[0] == str(CHAIN / "mid" / "a.yaml") + ":4"
+    assert "OUTPUT_DIR" in rows and "SEED" not in rows  # only keys that differ from the defaults
+
+
+def test_explain_with_defaults_only():
+    cfg, info = load_config([])
+    info.provenance.pop("OUTPUT_DIR")
+    assert "OUTPUT_DIR" in info.explain_text(cfg)
+    plain = get_default_config()
+    plain.freeze()
+    assert info.explain_text(plain) == "# every key has its default value\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Output folder naming
+# ---------------------------------------------------------------------------------------------------------
+def test_output_dir_naming_rules():
+    assert default_output_dir([], []) == "output/default"
+    assert default_output_dir(["configs/a.yaml", "configs/x/resnet18.yaml"], []) == "output/a__resnet18"
+    assert default_output_dir(["c/resnet18.yaml"], [("TRAIN.EPOCHS", 30), ("LOG.PERIOD", 5)]) \
+        == "output/resnet18"  # resume-safe overrides keep the folder
+    assert default_output_dir(["c/resnet18.yaml"], [("TRAIN.LR", 0.05), ("MODEL.NAME", "resnet10t")]) \
+        == "output/resnet18-model.name=resnet10t-lr=0.05"
+    # same config, same folder: order and repeated keys (last wins) do not matter
+    shuffled = [("TRAIN.LR", 0.1), ("TRAIN.LR", 0.05), ("MODEL.NAME", "resnet10t")]
+    assert default_output_dir(["r.yaml"], [("MODEL.NAME", "resnet10t"), ("TRAIN.LR", 0.05)]) \
+        == default_output_dir(["r.yaml"], shuffled)
+
+
+def test_output_dir_never_shared_and_always_safe():
+    points = [[("TRAIN.LR", lr)] for lr in (0.1, 0.05, 0.01)] + [
+        [("MODEL.NAME", "a/b")], [("MODEL.NAME", "a_b")], [("MODEL.NAME", "a b")],
+        [("DATA.MEAN", (0.5, 0.5, 0.5))], [("DATA.MEAN", (0.5, 0.5, 0.4))],
+        [("AUG.AUTO_AUGMENT", "x=1")], [("AUG.AUTO_AUGMENT", "x"), ("MODEL.NAME", "1")],
+        [(k, 0.123456789) for k in ("TRAIN.LR", "TRAIN.MIN_LR", "TRAIN.WARMUP_LR", "TRAIN.MOMENTUM")],
+        [(k, 0.123456789) for k in ("TRAIN.LR", "TRAIN.MIN_LR", "TRAIN.WARMUP_LR", "TRAIN.DECAY_RATE")],
+    ]
+    dirs = [default_output_dir(["cfg.yaml"], p) for p in points]
+    assert len(set(dirs)) == len(dirs)
+    for d in dirs:
+        name = d.split("/", 1)[1]
+        assert re.fullmatch(r"[A-Za-z0-9._=-]+", name) and len(name) <= 80, d
+
+
+def test_loader_fills_output_dir_from_overrides_but_keeps_an_explicit_one():
+    cfg, info = load_config(["--cfg", str(CHAIN / "top.yaml"), "TRAIN.LR", "0.3", "TRAIN.EPOCHS", "9"])
+    assert cfg.OUTPUT_DIR == "output/top-lr=0.3" == default_output_dir(info.files, info.overrides)
+    cfg, _ = load_config(["OUTPUT_DIR", "/tmp/mine", "TRAIN.LR", "0.3"])
+    assert cfg.OUTPUT_DIR == "/tmp/mine"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Round trip, diffs
+# ---------------------------------------------------------------------------------------------------------
+def test_dumped_config_loads_back_identically(tmp_path):
+    cfg, _ = load_config(["--cfg", str(CHAIN / "top.yaml"), "MODEL.NAME", "18", "AUG.AUTO_AUGMENT", "1e-3",
+                          "DATA.MEAN", "[1, 0.5, 0.25]", "TRAIN.WARMUP_LR", "1.5e-7", "DATA.ROOT", "yes",
+                          "TRAIN.EPOCHS", "7"])
+    path = write(tmp_path, "run/config.yaml", dump_config(cfg))
+    again, _ = load_config(["--cfg", path])
+    assert diff_configs(cfg, again) == []
+    assert again == cfg and again.DATA.MEAN == (1.0, 0.5, 0.25) and again.MODEL.NAME == "18"
+    stored = config_from_yaml_text(dump_config(cfg))
+    assert stored.is_frozen() and stored == cfg
+    assert dump_config(again) == dump_config(cfg)
+
+
+def test_config_from_yaml_text_rejects_bad_text():
+    with pytest.raises(UserError, match="unknown config key TRAIN.NOPE"):
+        config_from_yaml_text("TRAIN:\n  NOPE: 1\n", "ckpt")
+    with pytest.raises(UserError, match="_BASE_ is not allowed"):
+        config_from_yaml_text("_BASE_: a.yaml\n")
+
+
+def test_diff_configs_and_changed_from_defaults():
+    cfg, _ = load_config(["TRAIN.LR", "0.3", "DATA.MEAN", "[0.5, 0.5, 0.5]", "TRAIN.EPOCHS", "10"])
+    default = get_default_config()
+    assert diff_configs(default, cfg) == [("OUTPUT_DIR", "", cfg.OUTPUT_DIR),
+                                          ("DATA.MEAN", (0.485, 0.456, 0.406), (0.5, 0.5, 0.5)),
+                                          ("TRAIN.LR", 0.1, 0.3)]
+    assert changed_from_defaults(cfg) == {"DATA.MEAN": (0.5, 0.5, 0.5), "TRAIN.LR": 0.3}
+    older = CfgNode({"TRAIN": {"LR": 0.3, "OLD_KEY": 1}})
+    assert ("TRAIN.OLD_KEY", 1, C.MISSING) in diff_configs(older, cfg)
+
+
+def test_config_info_is_a_plain_record():
+    info = ConfigInfo(args=argparse.Namespace(print_config=False), files=[], overrides=[])
+    assert info.provenance == {} and info.history == {}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The real command line (subprocess): speed, no heavy imports, one-line errors
+# ---------------------------------------------------------------------------------------------------------
+_DRIVER = """
+import runpy, sys, time
+t = time.perf_counter()
+sys.argv = ["tools/train.py"] + sys.argv[1:]
+try:
+    runpy.run_path({train!r}, run_name="__main__")
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in ("torch", "timm", "numpy") if m in sys.modules)
+print("HEAVY", heavy, "CODE", code, file=sys.stderr)
+"""
+
+
+def run_train(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """Run tools/train.py (through a tiny wrapper that reports heavy imports) and time it."""
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _DRIVER.format(train=str(TRAIN_PY)), *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    return proc, time.perf_counter() - t
+
+
+def test_print_config_command_is_fast_and_light():
+    proc, seconds = run_train("--cfg", "configs/test/chain/top.yaml", "TRAIN.LR", "1", "AMP.ENABLED", "true",
+                              "--print-config")
+    assert "HEAVY [] CODE 0" in proc.stderr, proc.stderr
+    assert re.search(r"^TRAIN:\n(  .*\n)*?  LR: 1\.0$", proc.stdout, re.M)
+    assert re.search(r"^AMP:\n  ENABLED: true$", proc.stdout, re.M)
+    assert seconds < 3.0
+
+
+def test_print_config_plain_process_exit_code_and_time():
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(TRAIN_PY), "--cfg", "configs/test/chain/top.yaml",
+                           "--explain"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "" and time.perf_counter() - t < 3.0
+    assert "configs/test/chain/top.yaml:8" in proc.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--cfg", "configs/test/chain/nope.yaml"], "not found"),
+    (["--cfg", "configs/test/chain/top.yaml", "TRAIN.LRR", "1"], "did you mean TRAIN.LR?"),
+    (["TRAIN.LR"], "TRAIN.LR has no value"),
+    (["--print-confg"], "unknown option --print-confg"),
+])
+def test_cli_mistakes_exit_2_with_one_line(args, expected):
+    proc = subprocess.run([sys.executable, str(TRAIN_PY), *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and expected in proc.stderr and "Traceback" not in proc.stderr
