@@ -1,4 +1,4 @@
-"""What the run is standing on: Python, library builds, CPUs, GPUs, and the device memory a run holds.
+"""What the run is standing on: Python, library builds, CPUs, GPUs and backends.
 
 Importing this module stays cheap (torch is imported inside the functions), so tools can use it to
 report a broken torch install instead of crashing on import.
@@ -75,23 +75,6 @@ def format_env(info: dict[str, Any]) -> str:
     lines = [f"{key:<{width}}  {value}" for key, value in rows]
     lines += _format_gpus(info)
     return "\n".join(lines) + "\n"
-
-
-def peak_memory_mb(device: Any) -> dict[str, float]:
-    """Peak allocated and reserved memory (MB) on a CUDA device since the last reset; {} elsewhere.
-
-    Keys are "mem_alloc_mb" and "mem_reserved_mb"; the caller adds its prefix ("train/") and decides
-    when to call torch.cuda.reset_peak_memory_stats.
-    """
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        return {}
-    return {
-        "mem_alloc_mb": torch.cuda.max_memory_allocated(device) / _MB,
-        "mem_reserved_mb": torch.cuda.max_memory_reserved(device) / _MB,
-    }
 
 
 def _package_version(name: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from runner.envinfo import NOT_INSTALLED, collect_env, format_env, peak_memory_mb
+from runner.envinfo import NOT_INSTALLED, collect_env, format_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,3 @@ def test_columns_are_aligned():
     table = [line for line in lines if not line.startswith(("GPUs", " "))]
     starts = {len(line) - len(line.split("  ", 1)[1].lstrip()) for line in table}
     assert len(starts) == 1
-
-
-def test_peak_memory_is_empty_off_cuda():
-    assert peak_memory_mb(torch.device("cpu")) == {}

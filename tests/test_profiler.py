@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import timm
 import torch
@@ -10,6 +13,7 @@ from yacs.config import CfgNode as CN
 
 from runner.profiler import TRACE_SUFFIX, NullProfiler, build_profiler
 
+ROOT = Path(__file__).resolve().parents[1]
 MATMUL_OR_CONV = ("aten::convolution", "aten::conv2d", "aten::mm", "aten::addmm")
 
 
@@ -79,3 +83,24 @@ def test_disabled_profiler_is_a_no_op(tmp_path):
         assert isinstance(prof, NullProfiler)
         assert _train(prof, 2) == [False, False]
     assert prof.summary == "" and not (tmp_path / "profile").exists()
+
+
+def test_train_tool_writes_env_report_and_profile(tmp_path):
+    out = tmp_path / "run"
+    overrides = ("MODEL.NAME resnet10t DATA.NAME synthetic DATA.IMG_SIZE 16 DATA.BATCH_SIZE 4 "
+                 "DATA.SYNTHETIC_SIZE 32 DATA.NUM_WORKERS 0 TRAIN.EPOCHS 1 TRAIN.MAX_STEPS 4 "
+                 "LOG.TENSORBOARD False "
+                 "PROFILE.ENABLED True PROFILE.WAIT 1 PROFILE.WARMUP 1 PROFILE.ACTIVE 2")
+    cmd = [sys.executable, str(ROOT / "tools" / "train.py"), *overrides.split(), "OUTPUT_DIR", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    env = (out / "env.txt").read_text()
+    assert torch.__version__ in env and "GPUs: none visible" in env
+    traces = list((out / "profile").glob(f"*{TRACE_SUFFIX}"))
+    assert len(traces) == 1
+    names = {event.get("name") for event in json.loads(traces[0].read_text())["traceEvents"]}
+    assert names & set(MATMUL_OR_CONV)
+    log_text = (out / "log.txt").read_text()
+    assert "profiler: trace written to" in log_text and "Self CPU" in log_text
+    # PROFILE.ONLY is off: the run goes on to the end
+    assert json.loads((out / "results.json").read_text())["step"] == 4
