@@ -259,6 +259,13 @@ def get_default_config() -> CN:
 
 # =========================================================================================================
 # Loading: defaults <- _BASE_ chains <- each --cfg file <- KEY VALUE overrides -> validate -> freeze
+#
+# Values (from files and from the command line alike) are read as YAML and then fitted to the default's type:
+#   float key: ints and numeric text too (YAML 1.1 reads `1e-3` as text); nan/inf refused
+#   int key:   whole floats (32.0); bools refused      bool key: YAML booleans only (true/True/yes/on/...)
+#   text key:  a plain number, bool or date keeps the text exactly as written (18 -> "18", 1e-3 -> "1e-3")
+#   list/tuple key: a list, a tuple or "(a, b)" text; elements fitted to the type of the default's first
+#   null: only where the default is None. Command-line "" is empty text.
 # =========================================================================================================
 
 # Keys that only extend or observe a run: changing them keeps the output folder and allows resuming
@@ -339,6 +346,7 @@ class _Entry:
     raw: str | None  # the text as written, for plain scalars: lets string keys keep "1e-3" or "18" verbatim
     source: str  # "file:line" or "command line"
     chain: tuple[str, ...] = ()  # the files that led here, outermost first
+    merged: bool = False  # came through a YAML merge key (<<: *anchor), which later keys may override
 
 
 @dataclass
@@ -407,8 +415,10 @@ def load_config(argv: list[str] | None = None,
         parser = build_parser()
     elif not any("--cfg" in a.option_strings for a in parser._actions):
         add_config_arguments(parser)
+    parser.error = _parser_error
     args, rest = parser.parse_known_args(argv)
-    pairs = _pair_overrides(rest)
+    options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    pairs = _pair_overrides(rest, options)
     cfg = get_default_config()
     info = ConfigInfo(args=args, files=list(args.cfg), overrides=[])
     for path in args.cfg:
@@ -448,14 +458,19 @@ def yaml_scalar(token: str) -> Any:
         return token
 
 
-def _pair_overrides(tokens: list[str]) -> list[tuple[str, str]]:
+def _pair_overrides(tokens: list[str], options: list[str]) -> list[tuple[str, str]]:
     """Split the leftover command-line tokens into (KEY, VALUE) pairs, refusing stray flags and odd lists."""
     leaf_keys = _leaf_keys(_C)
     pairs, i = [], 0
     for tok in tokens:
         if tok.startswith("--") or re.match(r"^-[A-Za-z]", tok):
-            raise UserError(f"unknown option {tok} (options: --cfg FILE, --print-config, --explain; "
-                            "config keys are given as KEY VALUE without dashes)")
+            name = tok.split("=")[0]
+            if name.lstrip("-") in leaf_keys:
+                raise UserError(f"unknown option {tok}: config keys take no dashes: {name.lstrip('-')} VALUE")
+            close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise UserError(f"unknown option {tok}{hint} (options: {', '.join(options)}; config keys are "
+                            "given as KEY VALUE without dashes)")
     while i < len(tokens):
         key = tokens[i]
         if key not in leaf_keys:
@@ -529,11 +544,12 @@ def _parse_yaml(text: str, name: str,
                             f"mapping of KEY: value, got a {_node_kind(root)}")
         bases: list[tuple[str, int]] = []
         entries: list[_Entry] = []
-        for key, knode, vnode in _mapping_items(loader, root, name, ""):
+        for key, knode, vnode, merged in _mapping_items(loader, root, name, ""):
             if key == "_BASE_":
                 bases = _base_list(loader, knode, vnode, name)
             else:
-                _flatten(loader, key, knode, vnode, name, chain, entries)
+                _flatten(loader, key, knode, vnode, name, chain, entries, merged)
+        _refuse_flat_duplicates(entries, name)
         return bases, entries
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -567,7 +583,7 @@ def _refuse_tags(node: yaml.Node, name: str, seen: set[int] | None = None) -> No
 
 
 def _mapping_items(loader: yaml.SafeLoader, node: yaml.MappingNode, name: str, prefix: str):
-    """(key, key node, value node) of a mapping, refusing duplicate and non-string keys."""
+    """(key, key node, value node, merged) of a mapping, refusing duplicate and non-string keys."""
     first: dict[str, int] = {}
     for knode, _ in node.value:
         if knode.tag == _MERGE_TAG:
@@ -579,9 +595,10 @@ def _mapping_items(loader: yaml.SafeLoader, node: yaml.MappingNode, name: str, p
         if key in first:
             raise UserError(f"{name}:{line}: duplicate key {prefix}{key} (first set at line {first[key]})")
         first[key] = line
+    own = {id(k) for k, _ in node.value}
     loader.flatten_mapping(node)  # resolves YAML merge keys (<<: *anchor); the mapping's own keys come last
     for knode, vnode in node.value:
-        yield loader.construct_object(knode), knode, vnode
+        yield loader.construct_object(knode), knode, vnode, id(knode) not in own
 
 
 def _base_list(loader: yaml.SafeLoader, knode: yaml.Node, vnode: yaml.Node,
@@ -596,15 +613,24 @@ def _base_list(loader: yaml.SafeLoader, knode: yaml.Node, vnode: yaml.Node,
 
 
 def _flatten(loader: yaml.SafeLoader, key: str, knode: yaml.Node, vnode: yaml.Node, name: str,
-             chain: tuple[str, ...], out: list[_Entry]) -> None:
+             chain: tuple[str, ...], out: list[_Entry], merged: bool) -> None:
     """Append the leaf entries under `key` (nested mappings become dotted keys)."""
     if isinstance(vnode, yaml.MappingNode) and isinstance(_lookup(key), CN):
-        for sub, sknode, svnode in _mapping_items(loader, vnode, name, key + "."):
-            _flatten(loader, f"{key}.{sub}", sknode, svnode, name, chain, out)
+        for sub, sknode, svnode, sub_merged in _mapping_items(loader, vnode, name, key + "."):
+            _flatten(loader, f"{key}.{sub}", sknode, svnode, name, chain, out, merged or sub_merged)
         return
     raw = vnode.value if isinstance(vnode, yaml.ScalarNode) and vnode.style is None else None
     out.append(_Entry(key, loader.construct_object(vnode, deep=True), raw,
-                      f"{name}:{knode.start_mark.line + 1}", chain))
+                      f"{name}:{knode.start_mark.line + 1}", chain, merged))
+
+
+def _refuse_flat_duplicates(entries: list[_Entry], name: str) -> None:
+    """The same key written twice in one file, also as TRAIN.LR next to TRAIN: {LR: ...}."""
+    first: dict[str, str] = {}
+    for e in (e for e in entries if not e.merged):
+        if e.key in first:
+            raise UserError(f"{e.source}: duplicate key {e.key} (first set at {first[e.key]})")
+        first[e.key] = e.source
 
 
 def _node_kind(node: yaml.Node) -> str:

@@ -151,6 +151,14 @@ def test_empty_file_empty_section_and_yaml_anchors_are_fine(tmp_path):
     assert cfg.TRAIN.MIN_LR == 0.3 and cfg.AMP.ENABLED is False
 
 
+def test_dotted_keys_and_yaml_merge_keys_in_files(tmp_path):
+    text = "TRAIN.LR: 0.3\nAMP:\n  <<: {ENABLED: true, DTYPE: float16}\n  DTYPE: bfloat16\n"
+    f = write(tmp_path, "f.yaml", text)
+    cfg, info = load_config(["--cfg", f])
+    assert (cfg.TRAIN.LR, cfg.AMP.ENABLED, cfg.AMP.DTYPE) == (0.3, True, "bfloat16")
+    assert info.provenance["AMP.DTYPE"] == f"{f}:4"
+
+
 def test_result_is_frozen():
     cfg, _ = load_config(["TRAIN.LR", "0.2"])
     with pytest.raises(AttributeError):
@@ -160,12 +168,17 @@ def test_result_is_frozen():
 def test_caller_parser_extra_arguments_reach_info_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--count", type=int, default=0)
     cfg, info = load_config(["--dry-run", "TRAIN.LR", "0.3"], parser)
     assert info.args.dry_run and info.args.cfg == [] and cfg.TRAIN.LR == 0.3
     parser2 = C.build_parser(description="x")
     parser2.add_argument("--extra", type=int, default=1)
     _, info2 = load_config(["--extra", "3"], parser2)
     assert info2.args.extra == 3
+    with pytest.raises(UserError, match=r"did you mean --extra\? \(options: .*--extra"):
+        load_config(["--extar", "3"], parser2)
+    with pytest.raises(UserError, match=r"argument --count: invalid int value"):
+        load_config(["--count", "x"], parser)  # a caller's plain parser also fails in one line
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -243,6 +256,7 @@ FILES = {
     "base_py.yaml": "_BASE_: evil.py\n",
     "custom_tag.yaml": "TRAIN:\n  LR: !mytag 0.1\n",
     "null_text.yaml": "DATA:\n  ROOT:\n",
+    "flat_dup.yaml": "TRAIN.LR: 0.3\nTRAIN:\n  LR: 0.2\n",
 }
 
 
@@ -253,6 +267,7 @@ FILES = {
     (["--cfg", "{}/evil.py"], r"evil.py \(from --cfg\): Python config files are not supported"),
     (["--cfg", "{}/base_py.yaml"], "Python config files are not supported"),
     (["--cfg", "{}/dup.yaml"], r"dup.yaml:4: duplicate key TRAIN.LR \(first set at line 2\)"),
+    (["--cfg", "{}/flat_dup.yaml"], r"flat_dup.yaml:3: duplicate key TRAIN.LR \(first set at .*dup.yaml:1\)"),
     (["--cfg", "{}/dup_top.yaml"], r"dup_top.yaml:3: duplicate key TRAIN \(first set at line 1\)"),
     (["--cfg", "{}/unknown.yaml"], r"key TRAIN.LRR \(.*unknown.yaml:2\); did you mean TRAIN.LR\?$"),
     (["--cfg", "{}/via.yaml"], r"TRAIN.LRR \(.*unknown.yaml:2; chain .*via.yaml -> .*unknown.yaml\)"),
@@ -277,6 +292,8 @@ FILES = {
     (["--cgf", "x.yaml"], r"unknown option --cgf"),
     (["TRAIN.LR", "0.1", "--lr", "0.1"], r"unknown option --lr"),
     (["-x"], r"unknown option -x"),
+    (["--print-confg"], r"option --print-confg; did you mean --print-config\? \(options: .*--explain"),
+    (["--TRAIN.LR", "0.1"], r"unknown option --TRAIN.LR: config keys take no dashes"),
     (["TRAIN.LR"], r"TRAIN.LR has no value"),
     (["TRAIN.LR", "AMP.ENABLED", "true"], r"TRAIN.LR has no value \(it is followed by the key AMP.ENABLED\)"),
     (["0.1"], r"value '0.1' has no key"),
