@@ -1,0 +1,195 @@
+"""Checkpoints: atomic writes, finding the newest valid one, safe loading, RNG state capture."""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from runner.errors import UserError
+
+log = logging.getLogger("runner")
+
+STEP_RE = re.compile(r"^step_(\d+)\.pth$")
+
+
+def ckpt_dir(output_dir: str | os.PathLike) -> Path:
+    """OUTPUT_DIR/checkpoints."""
+    return Path(output_dir) / "checkpoints"
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename durable (POSIX); harmless where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_save(obj: dict, path: str | os.PathLike) -> None:
+    """torch.save to a temporary file in the same folder, fsync, then os.replace onto `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def atomic_link(src: Path, dst: Path) -> None:
+    """Point `dst` at the file `src` atomically (hard link, or a copy where links are unsupported)."""
+    tmp = dst.with_name(f".{dst.name}.tmp.{os.getpid()}")
+    if tmp.exists():
+        tmp.unlink()
+    try:
+        os.link(src, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+    _fsync_dir(dst.parent)
+
+
+def step_files(directory: Path) -> list[tuple[int, Path]]:
+    """The step checkpoints in `directory`, newest (highest step) first; ordered by name, never mtime."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := STEP_RE.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep: int, best: bool) -> Path:
+    """Write step_N.pth, point last.pth (and best.pth) at it, and prune to the newest `keep` step files."""
+    d = ckpt_dir(output_dir)
+    path = d / f"step_{step:08d}.pth"
+    atomic_save(state, path)
+    atomic_link(path, d / "last.pth")
+    if best:
+        atomic_link(path, d / "best.pth")
+    for _, old in step_files(d)[max(keep, 1):]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_file(path: str | os.PathLike) -> dict:
+    """torch.load with weights_only=True (no pickled code runs); raises on a bad file."""
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a dict, found {type(obj).__name__}")
+    return obj
+
+
+def _describe(e: Exception) -> str:
+    """A short reason for a failed load."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}"[:200]
+
+
+def find_resumable(output_dir: str | os.PathLike) -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads, warning about (and skipping) any newer one that does not."""
+    d = ckpt_dir(output_dir)
+    candidates = [d / "last.pth"] if (d / "last.pth").exists() else []
+    candidates += [p for _, p in step_files(d)]
+    for path in candidates:
+        try:
+            state = load_file(path)
+            if "model" not in state or "step" not in state:
+                raise ValueError("not a runner checkpoint (no 'model' or 'step')")
+            return path, state
+        except Exception as e:  # a truncated, empty or foreign file: fall back to an older one
+            log.warning("checkpoint %s is unusable (%s); trying the previous one", path, _describe(e))
+    return None
+
+
+def load_explicit(path: str) -> dict:
+    """A checkpoint the user named: one clear error line if it cannot be used."""
+    if not Path(path).is_file():
+        raise UserError(f"checkpoint '{path}' does not exist")
+    try:
+        state = load_file(path)
+    except Exception as e:
+        raise UserError(f"checkpoint '{path}' cannot be loaded ({_describe(e)})") from None
+    if "model" not in state or "step" not in state:
+        raise UserError(f"checkpoint '{path}' is not a runner checkpoint (no 'model'/'step'); "
+                        "to start from plain weights use MODEL.CHECKPOINT")
+    return state
+
+
+def _strip_prefixes(sd: dict) -> dict:
+    """Remove the wrappers' key prefixes (DDP's module., torch.compile's _orig_mod.)."""
+    out = {}
+    for k, v in sd.items():
+        for p in ("module.", "_orig_mod."):
+            while k.startswith(p):
+                k = k[len(p):]
+        out[k] = v
+    return out
+
+
+def load_weights(model: nn.Module, path: str) -> dict:
+    """Load model weights from a runner checkpoint or a plain state_dict; returns the file's other fields.
+
+    Tensors whose shape differs (a new classifier for another NUM_CLASSES) are skipped with a warning.
+    """
+    if not Path(path).is_file():
+        raise UserError(f"MODEL.CHECKPOINT '{path}' does not exist; give a local weights file")
+    try:
+        obj = load_file(path)
+    except Exception as e:
+        raise UserError(f"MODEL.CHECKPOINT '{path}' cannot be loaded ({_describe(e)})") from None
+    sd = obj.get("model") or obj.get("state_dict") or obj.get("model_state_dict") or obj
+    sd = _strip_prefixes({k: v for k, v in sd.items() if isinstance(v, torch.Tensor)})
+    own = model.state_dict()
+    skipped = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
+    for k in skipped:
+        del sd[k]
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if not set(own) - set(missing):
+        raise UserError(f"MODEL.CHECKPOINT '{path}' has no weights that fit MODEL.NAME (wrong model?)")
+    if skipped or missing or unexpected:
+        log.warning("MODEL.CHECKPOINT %s: %d tensors skipped for shape, %d missing, %d unexpected",
+                    path, len(skipped), len(missing), len(unexpected))
+    return {k: v for k, v in obj.items() if k not in ("model", "state_dict", "model_state_dict")}
+
+
+def rng_state() -> dict:
+    """Every RNG the run draws from, as tensors and plain lists (loadable with weights_only)."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "python": [py_state[0], list(py_state[1]), py_state[2]],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what rng_state() captured."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    v, internal, gauss = state["python"]
+    random.setstate((v, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,262 @@
+"""Datasets and loaders: in-memory datasets on the device (digits, synthetic) and image folders.
+
+Every loader yields (images, targets) already on the training device, knows its length in batches for
+this rank, and takes `set_epoch(epoch, start_batch)`, so the data order is a pure function of
+(seed, epoch) and a resumed run continues at the exact next batch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from runner.distributed import Dist
+
+log = logging.getLogger("runner")
+
+
+def epoch_seed(seed: int, epoch: int, salt: int = 0) -> int:
+    """A stable 63-bit seed derived from (seed, epoch, salt)."""
+    return (seed * 1_000_003 + epoch * 7_919 + salt * 104_729 + 12_345) % (2**63 - 1)
+
+
+def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
+    """The order of all n samples in one epoch, identical on every rank."""
+    if not shuffle:
+        return torch.arange(n)
+    g = torch.Generator().manual_seed(epoch_seed(seed, epoch))
+    return torch.randperm(n, generator=g)
+
+
+def shard(order: torch.Tensor, dist: Dist, drop_last: bool) -> torch.Tensor:
+    """This rank's share: strided, so the ranks' batches at one step form the global batch.
+
+    Training truncates to an equal share per rank; evaluation keeps every sample exactly once
+    (ranks may then differ by one sample, which is fine because eval does no collective per batch).
+    """
+    if drop_last:
+        order = order[: len(order) // dist.world_size * dist.world_size]
+    return order[dist.rank :: dist.world_size]
+
+
+@dataclass
+class DataBundle:
+    """What the engine needs from the data: two loaders and the class names."""
+
+    train: object
+    val: object
+    class_names: list[str] = field(default_factory=list)
+
+
+class DeviceLoader:
+    """Batches from tensors that live on the device: no DataLoader, no host copies, no workers."""
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, batch_size: int, dist: Dist, *,
+                 train: bool, seed: int, shift: int = 0, channels_last: bool = False):
+        self.images, self.targets = images, targets
+        self.batch_size, self.dist, self.train, self.seed = batch_size, dist, train, seed
+        self.shift = shift if train else 0
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.epoch, self.start_batch = 0, 0
+        self.num_samples = len(images)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Fix the order for `epoch` and skip the batches already consumed."""
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def __len__(self) -> int:
+        """Batches in a whole epoch on this rank."""
+        n = len(shard(torch.empty(self.num_samples), self.dist, self.train))
+        return n // self.batch_size if self.train else -(-n // self.batch_size)
+
+    def __iter__(self):
+        idx = shard(epoch_permutation(self.num_samples, self.seed, self.epoch, self.train), self.dist, self.train)
+        idx = idx.to(self.images.device)
+        for b in range(self.start_batch, len(self)):
+            sel = idx[b * self.batch_size : (b + 1) * self.batch_size]
+            x = self.images.index_select(0, sel)
+            if self.shift:
+                x = random_shift(x, self.shift, epoch_seed(self.seed, self.epoch, b + 1 + self.dist.rank * 65_537))
+            yield x.contiguous(memory_format=self.memory_format), self.targets.index_select(0, sel)
+
+
+def random_shift(x: torch.Tensor, pad: int, seed: int) -> torch.Tensor:
+    """Translate each image by up to `pad` pixels (edge-replicated), on x's device, seeded per batch."""
+    b, _, h, w = x.shape
+    g = torch.Generator(device=x.device).manual_seed(seed)
+    padded = F.pad(x, (pad, pad, pad, pad), mode="replicate")
+    dy = torch.randint(0, 2 * pad + 1, (b, 1), device=x.device, generator=g)
+    dx = torch.randint(0, 2 * pad + 1, (b, 1), device=x.device, generator=g)
+    rows = (torch.arange(h, device=x.device)[None] + dy)[:, None, :, None].expand(-1, x.shape[1], -1, w + 2 * pad)
+    x = padded.gather(2, rows)
+    cols = (torch.arange(w, device=x.device)[None] + dx)[:, None, None, :].expand(-1, x.shape[1], h, -1)
+    return x.gather(3, cols)
+
+
+def _normalize(x: torch.Tensor, cfg) -> torch.Tensor:
+    """Scale [0, 1] images with DATA.MEAN/STD, adapting the statistics to MODEL.IN_CHANS."""
+    c = cfg.MODEL.IN_CHANS
+    mean, std = list(cfg.DATA.MEAN), list(cfg.DATA.STD)
+    if len(mean) != c:
+        mean, std = [sum(mean) / len(mean)] * c, [sum(std) / len(std)] * c
+    mean_t = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+    std_t = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+    return (x - mean_t) / std_t
+
+
+def load_digits_tensors(cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """scikit-learn's 8x8 digits, split with a fixed seed, resized to DATA.IMG_SIZE, normalized."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    # The split never depends on SEED, so val/top1 of different seeds is measured on the same images.
+    tr, va = train_test_split(range(len(y)), test_size=cfg.DATA.VAL_FRACTION, random_state=0, stratify=y.numpy())
+    size = cfg.DATA.IMG_SIZE
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False).clamp_(0, 1)
+    x = _normalize(x.expand(-1, cfg.MODEL.IN_CHANS, -1, -1), cfg)
+    tr, va = torch.tensor(tr), torch.tensor(va)
+    return x[tr].contiguous(), y[tr], x[va].contiguous(), y[va]
+
+
+def synthetic_tensors(cfg, device: torch.device):
+    """Random images and labels made directly on the device (benchmarks, smoke tests)."""
+    g = torch.Generator(device=device).manual_seed(cfg.SEED)
+    n, c, s, k = cfg.DATA.SYNTHETIC_SIZE, cfg.MODEL.IN_CHANS, cfg.DATA.IMG_SIZE, cfg.MODEL.NUM_CLASSES
+    n_val = max(cfg.DATA.BATCH_SIZE, n // 4)
+    x = torch.randn(n + n_val, c, s, s, device=device, generator=g)
+    y = torch.randint(0, k, (n + n_val,), device=device, generator=g)
+    return x[:n], y[:n], x[n:], y[n:]
+
+
+def eval_batch_size(cfg) -> int:
+    """DATA.EVAL_BATCH_SIZE, or twice the training batch when 0."""
+    return cfg.DATA.EVAL_BATCH_SIZE or 2 * cfg.DATA.BATCH_SIZE
+
+
+def _in_memory(cfg, dist: Dist) -> DataBundle:
+    """Loaders over tensors kept on the training device (or on the host when DATA.ON_DEVICE is off)."""
+    if cfg.DATA.NAME == "digits":
+        xt, yt, xv, yv = load_digits_tensors(cfg)
+        names = [str(i) for i in range(10)]
+    else:
+        xt, yt, xv, yv = synthetic_tensors(cfg, dist.device)
+        names = [str(i) for i in range(cfg.MODEL.NUM_CLASSES)]
+    dev = dist.device if cfg.DATA.ON_DEVICE else torch.device("cpu")
+    xt, yt, xv, yv = (t.to(dev) for t in (xt, yt, xv, yv))
+    common = dict(dist=dist, seed=cfg.SEED, channels_last=cfg.MODEL.CHANNELS_LAST)
+    train = DeviceLoader(xt, yt, cfg.DATA.BATCH_SIZE, train=True, shift=cfg.AUG.SHIFT, **common)
+    val = DeviceLoader(xv, yv, eval_batch_size(cfg), train=False, **common)
+    if dev != dist.device:
+        train, val = ToDevice(train, dist.device), ToDevice(val, dist.device)
+    return DataBundle(train, val, names)
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """Sampler with the same (seed, epoch) order and sharding as DeviceLoader, resumable mid-epoch."""
+
+    def __init__(self, n: int, dist: Dist, *, train: bool, seed: int, batch_size: int):
+        self.n, self.dist, self.train, self.seed, self.batch_size = n, dist, train, seed, batch_size
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Fix the order for `epoch` and skip the samples of batches already consumed."""
+        self.epoch, self.start = epoch, start_batch * self.batch_size
+
+    def _indices(self) -> torch.Tensor:
+        idx = shard(epoch_permutation(self.n, self.seed, self.epoch, self.train), self.dist, self.train)
+        if self.train:
+            idx = idx[: len(idx) // self.batch_size * self.batch_size]
+        return idx
+
+    @property
+    def num_batches(self) -> int:
+        """Batches in a whole epoch on this rank."""
+        n = len(self._indices())
+        return n // self.batch_size if self.train else -(-n // self.batch_size)
+
+    def __iter__(self):
+        return iter(self._indices()[self.start :].tolist())
+
+    def __len__(self) -> int:
+        return max(0, len(self._indices()) - self.start)
+
+
+class ToDevice:
+    """Wraps a host-side iterable of batches: pinned memory, non_blocking copies, channels_last."""
+
+    def __init__(self, loader, device: torch.device, channels_last: bool = False):
+        self.loader, self.device = loader, device
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Forward to the sampler or inner loader that owns the order."""
+        getattr(self.loader, "sampler", self.loader).set_epoch(epoch, start_batch)
+
+    def __len__(self) -> int:
+        """Batches in a whole epoch, whatever the resume position."""
+        sampler = getattr(self.loader, "sampler", None)
+        return sampler.num_batches if isinstance(sampler, ShardSampler) else len(self.loader)
+
+    def __iter__(self):
+        for x, y in self.loader:
+            x = x.to(self.device, non_blocking=True).contiguous(memory_format=self.memory_format)
+            yield x, y.to(self.device, non_blocking=True)
+
+
+def default_workers(cfg, dist: Dist) -> int:
+    """DATA.NUM_WORKERS, or when -1: the CPUs this process may use, shared among local ranks."""
+    if cfg.DATA.NUM_WORKERS >= 0:
+        return cfg.DATA.NUM_WORKERS
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(1, min(8, cpus // local - 1)) if cpus // local > 1 else 0
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Seed numpy and random in each worker from torch's per-worker seed (itself from the base seed)."""
+    import random
+
+    import numpy as np
+
+    s = torch.initial_seed() % 2**32
+    np.random.seed(s)
+    random.seed(s)
+
+
+def _host_loader(dataset, cfg, dist: Dist, *, train: bool) -> ToDevice:
+    """A DataLoader with a resumable shard sampler, seeded workers, pinned memory and prefetch."""
+    bs = cfg.DATA.BATCH_SIZE if train else eval_batch_size(cfg)
+    sampler = ShardSampler(len(dataset), dist, train=train, seed=cfg.SEED, batch_size=bs)
+    workers = default_workers(cfg, dist)
+    g = torch.Generator().manual_seed(cfg.SEED + dist.rank)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=bs, sampler=sampler, num_workers=workers, drop_last=train,
+        pin_memory=cfg.DATA.PIN_MEMORY and dist.device.type == "cuda",
+        persistent_workers=workers > 0, prefetch_factor=cfg.DATA.PREFETCH_FACTOR if workers else None,
+        worker_init_fn=_seed_worker, generator=g,
+    )
+    return ToDevice(loader, dist.device, cfg.MODEL.CHANNELS_LAST)
+
+
+def _folder(cfg, dist: Dist) -> DataBundle:
+    """Image folders through runner.folder (scan, budget, timm transforms) and host DataLoaders."""
+    from runner import folder
+
+    train_ds, val_ds, names = folder.build_folder_datasets(cfg)
+    return DataBundle(_host_loader(train_ds, cfg, dist, train=True),
+                      _host_loader(val_ds, cfg, dist, train=False), list(names))
+
+
+def build_data(cfg, dist: Dist) -> DataBundle:
+    """The train and val loaders for cfg.DATA.NAME."""
+    t0 = time.perf_counter()
+    bundle = _folder(cfg, dist) if cfg.DATA.NAME == "folder" else _in_memory(cfg, dist)
+    log.debug("data ready in %.2fs", time.perf_counter() - t0)
+    return bundle

@@ -1,0 +1,115 @@
+"""Process topology: torchrun environment, process group, device, rank-0 helpers, metric reduction."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as tdist
+
+from runner.errors import UserError
+
+log = logging.getLogger("runner")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process sits in the job: rank, world size and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """True on the process that writes files and prints."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group exists (always under torchrun, never otherwise)."""
+        return tdist.is_available() and tdist.is_initialized()
+
+
+def under_torchrun() -> bool:
+    """True when launched by torchrun (or anything that sets its environment)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def _pick_device(cfg, local_rank: int) -> torch.device:
+    """The device from cfg.DEVICE, checked against what this machine has."""
+    want = cfg.DEVICE
+    if want == "cuda" and not torch.cuda.is_available():
+        raise UserError("DEVICE is 'cuda' but no CUDA device is visible; use DEVICE cpu or DEVICE auto")
+    if want == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise UserError(
+            f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices are visible; "
+            "lower --nproc_per_node or fix CUDA_VISIBLE_DEVICES"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def setup(cfg) -> Dist:
+    """Read the torchrun environment, pin the device and start the process group (once, at setup)."""
+    if not under_torchrun():
+        device = _pick_device(cfg, 0)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            _hint_multi_gpu()
+        return Dist(0, 1, 0, device)
+    rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    device = _pick_device(cfg, local)
+    backend = cfg.DIST.BACKEND
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise UserError("DIST.BACKEND nccl needs CUDA devices; use DIST.BACKEND gloo (or auto) on CPU")
+    kwargs = {}
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
+    tdist.init_process_group(backend, timeout=timedelta(seconds=cfg.DIST.TIMEOUT_S), **kwargs)
+    return Dist(rank, world, local, device)
+
+
+def _hint_multi_gpu() -> None:
+    """Say once how to use every visible GPU; DataParallel is deliberately not offered."""
+    n = torch.cuda.device_count()
+    if n > 1:
+        log.warning(
+            "%d GPUs are visible but this run uses one; to train on all of them: "
+            "torchrun --standalone --nproc_per_node=%d tools/train.py --cfg ...", n, n
+        )
+
+
+def control_group():
+    """A gloo group for small CPU-side control messages (stop flags) that must not touch the GPU."""
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return None
+    if tdist.get_backend() == "gloo":
+        return tdist.group.WORLD
+    return tdist.new_group(backend="gloo")
+
+
+def all_reduce_(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
+    """In-place all-reduce when distributed; identity otherwise."""
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.all_reduce(tensor, op=getattr(tdist.ReduceOp, op.upper()), group=group)
+    return tensor
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op in a single process)."""
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.barrier()
+
+
+def teardown() -> None:
+    """Destroy the process group if one was started."""
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()

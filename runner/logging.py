@@ -1,0 +1,130 @@
+"""Where scalars go: the console, OUTPUT_DIR/log.txt, metrics.jsonl and TensorBoard, fed from one place."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger("runner")
+
+_FMT = "%(asctime)s %(levelname).1s %(message)s"
+
+
+def setup_logging(output_dir: str | None, rank: int) -> None:
+    """Console for rank 0 (warnings and errors only elsewhere, tagged with the rank), log.txt for rank 0."""
+    log.handlers.clear()
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    console = logging.StreamHandler(sys.stdout)
+    if rank == 0:
+        console.setFormatter(logging.Formatter(_FMT, "%H:%M:%S"))
+    else:
+        console.setLevel(logging.WARNING)
+        console.setFormatter(logging.Formatter(f"[rank {rank}] {_FMT}", "%H:%M:%S"))
+    log.addHandler(console)
+    if rank == 0 and output_dir:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(Path(output_dir) / "log.txt")
+        fh.setFormatter(logging.Formatter(_FMT, "%Y-%m-%d %H:%M:%S"))
+        log.addHandler(fh)
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop lines past `last_step` (and any partial trailing line) so a resumed run never duplicates steps."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def _fmt_eta(seconds: float) -> str:
+    """h:mm:ss."""
+    s = int(max(seconds, 0))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class MetricWriter:
+    """One sink for scalars: JSON lines, TensorBoard, console line or progress bar. Rank 0 only."""
+
+    def __init__(self, output_dir: str, cfg, resume_step: int, enabled: bool, total_steps: int):
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.tb = None
+        self.bar = None
+        if not enabled:
+            return
+        self.dir = Path(output_dir)
+        self.jsonl_path = self.dir / "metrics.jsonl"
+        truncate_jsonl(self.jsonl_path, resume_step)
+        self.jsonl = open(self.jsonl_path, "a")
+        if cfg.LOG.TENSORBOARD:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step drops events a killed run wrote after its last checkpoint
+            self.tb = SummaryWriter(str(self.dir), purge_step=resume_step + 1 if resume_step else None)
+        mode = cfg.LOG.PROGRESS
+        if mode == "bar" or (mode == "auto" and sys.stdout.isatty()):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=resume_step, unit="step", dynamic_ncols=True, leave=True)
+
+    def write(self, step: int, epoch: int, scalars: dict[str, float]) -> None:
+        """Record scalars at `step` in every sink."""
+        if not self.enabled:
+            return
+        row = {"step": step, "epoch": epoch, **{k: _clean(v) for k, v in scalars.items()}}
+        self.jsonl.write(json.dumps(row) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
+
+    def console(self, text: str, step: int | None = None, postfix: str | None = None) -> None:
+        """A progress line: the bar's postfix on a terminal, a log line otherwise."""
+        if not self.enabled:
+            return
+        if self.bar is not None and step is not None:
+            self.bar.n = step
+            self.bar.set_postfix_str(postfix or text, refresh=True)
+        else:
+            log.info(text)
+
+    def eta(self, step: int, start_step: int, elapsed: float) -> str:
+        """Estimated time left from the pace since this process started."""
+        done = step - start_step
+        return _fmt_eta((self.total_steps - step) * elapsed / done) if done > 0 else "?"
+
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        """The run's changed config keys and final metrics for TensorBoard's HParams tab."""
+        if self.tb is None:
+            return
+        hp = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+        hp = hp or {"config": "defaults"}
+        self.tb.add_hparams(hp, {f"hparam/{k}": v for k, v in metrics.items()}, run_name=".")
+
+    def close(self) -> None:
+        """Flush and close every sink."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _clean(v: float) -> float | None:
+    """JSON has no NaN: non-finite values are written as null."""
+    v = float(v)
+    return v if math.isfinite(v) else None

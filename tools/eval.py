@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""Evaluate saved weights on the config's validation split (top-1/top-5), in one process or under torchrun.
+
+    python tools/eval.py --cfg configs/digits/resnet18.yaml MODEL.CHECKPOINT output/resnet18/checkpoints/best.pth
+
+Prints a line per metric and, last, one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runner.config import build_parser, handle_info_flags, load_config
+from runner.errors import UserError, cli
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    """Build the model and val loader exactly as training does, load the weights, evaluate."""
+    parser = build_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cfg, info = load_config(argv, parser)
+    if handle_info_flags(cfg, info):
+        return 0
+    if not cfg.MODEL.CHECKPOINT:
+        raise UserError("tools/eval.py needs weights: add MODEL.CHECKPOINT path/to/checkpoint.pth")
+    from runner import distributed
+    from runner.data import build_data
+    from runner.engine import autocast_for, configure_backends, evaluate
+    from runner.logging import setup_logging
+    from runner.model import build_model
+
+    dist = distributed.setup(cfg)
+    setup_logging(None, dist.rank)
+    configure_backends(cfg, dist.device)
+    data = build_data(cfg, dist)
+    model = build_model(cfg).to(dist.device)
+    res = evaluate(model, data.val, dist.device, autocast_for(cfg, dist.device))
+    res = {"val/top1": res["top1"], "val/top5": res["top5"], "val/loss": res["loss"], "val/count": res["count"],
+           "checkpoint": cfg.MODEL.CHECKPOINT, "world_size": dist.world_size}
+    if dist.is_main:
+        for k in ("val/top1", "val/top5", "val/loss"):
+            print(f"{k:10s} {res[k]:.4f}")
+        print(f"{'val/count':10s} {res['val/count']}")
+        print(json.dumps(res), flush=True)
+    distributed.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    main()
