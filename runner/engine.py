@@ -134,21 +134,23 @@ class StopFlag:
 class Trainer:
     """Owns the run's runtime state; the config stays frozen and is only read."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, write_files: bool = True):
+        """Set up everything; with write_files False (benchmarks) nothing is locked, resumed or written."""
         self.cfg = cfg
         self.t_start = time.time()
         self.dist = distributed.setup(cfg)
         self.out = Path(cfg.OUTPUT_DIR)
         self.main = self.dist.is_main
-        setup_logging(str(self.out) if self.main else None, self.dist.rank)
+        setup_logging(str(self.out) if self.main and write_files else None, self.dist.rank)
         self.lock = runstate.RunLock(str(self.out))
-        if self.main:
+        if self.main and write_files:
             self.lock.acquire()
         configure_backends(cfg, self.dist.device)
         set_seeds(cfg.SEED)
         self._build()
-        self._resume()
-        self._write_run_files()
+        if write_files:
+            self._resume()
+            self._write_run_files()
 
     # ---- setup -------------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -318,14 +320,7 @@ class Trainer:
                  cfg.MODEL.NAME, dev, self.dist.world_size, "es" if self.dist.world_size > 1 else "",
                  cfg.TRAIN.EPOCHS, self.steps_per_epoch, cfg.DATA.BATCH_SIZE)
         self.writer = MetricWriter(str(self.out), cfg, self.step, self.main, self.total_steps)
-        self.loss_sum = torch.zeros((), device=dev)
-        self.dev_step = torch.full((), self.step, dtype=torch.long, device=dev)
-        self.first_bad = torch.full((), -1, dtype=torch.long, device=dev)
-        self.start_step = self.step
-        self.model.train()
-        from runner.profiler import build_profiler
-
-        self.profiler = build_profiler(cfg, self.out, dev, rank=self.dist.rank, log=log.info if self.main else None)
+        self.prepare_loop()
         try:
             while self.epoch < cfg.TRAIN.EPOCHS and self.step < self.total_steps:
                 self._train_epoch()
@@ -350,6 +345,21 @@ class Trainer:
             self.profiler.close()
             self.writer.close()
 
+    def prepare_loop(self) -> None:
+        """The loop's device-side accumulators and the profiler (also used by tools/benchmark.py)."""
+        dev = self.dist.device
+        self.loss_sum = torch.zeros((), device=dev)
+        self.dev_step = torch.full((), self.step, dtype=torch.long, device=dev)
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=dev)
+        self.start_step = self.step
+        self.step_loss = None
+        self._window_reset()
+        self.model.train()
+        from runner.profiler import build_profiler
+
+        self.profiler = build_profiler(self.cfg, self.out, dev, rank=self.dist.rank,
+                                       log=log.info if self.main else None)
+
     def _train_epoch(self) -> None:
         """One epoch from the resume position; evaluates and saves at its end."""
         loader = self.data.train
@@ -357,25 +367,29 @@ class Trainer:
         self._window_reset()
         it = iter(loader)
         end_batch = self.steps_per_epoch * self.accum
-        step_loss = None
         while self.batch_in_epoch < end_batch:
             t0 = time.perf_counter()
             x, y = next(it)
             self.win_wait += time.perf_counter() - t0
-            last = (self.batch_in_epoch + 1) % self.accum == 0
-            loss = self._micro_step(x, y, sync=last)
-            step_loss = loss if step_loss is None else step_loss + loss
-            self.batch_in_epoch += 1
-            self.win_images += x.shape[0]
-            if last:
-                self._optimizer_step()
-                self._track_loss(step_loss)
-                step_loss = None
-                self.profiler.step()
-                if self._after_step():
-                    break
+            if self.train_batch(x, y) and self._after_step():
+                break
         else:
             self._end_epoch()
+
+    def train_batch(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """One micro-batch, and the optimizer step when it completes an accumulation; True if it stepped."""
+        last = (self.batch_in_epoch + 1) % self.accum == 0
+        loss = self._micro_step(x, y, sync=last)
+        self.step_loss = loss if self.step_loss is None else self.step_loss + loss
+        self.batch_in_epoch += 1
+        self.win_images += x.shape[0]
+        if not last:
+            return False
+        self._optimizer_step()
+        self._track_loss(self.step_loss)
+        self.step_loss = None
+        self.profiler.step()
+        return True
 
     def _track_loss(self, step_loss: torch.Tensor) -> None:
         """Accumulate the loss on the device and remember the first non-finite step, without a sync."""
