@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""Classify image files with saved weights: the top-5 class names with probabilities for each image.
+
+    python tools/predict.py --cfg output/run/config.yaml MODEL.CHECKPOINT output/run/checkpoints/best.pth a.jpg b.png
+
+Any image file PIL reads (any size; grayscale, RGBA and palette images are converted) goes through the
+config's eval transform. Class names come from the checkpoint's "class_names", else the class_map.json of
+the checkpoint's run (OUTPUT_DIR/class_map.json beside OUTPUT_DIR/checkpoints/), else the class folders
+of DATA.ROOT/train, else the class indices.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from runner.config import build_parser, get_default_config, handle_info_flags, load_config
+from runner.errors import UserError, cli
+
+log = logging.getLogger("runner")
+
+
+def _leaf_keys(node, prefix: str = "") -> set[str]:
+    """Every KEY of the config as written on the command line (MODEL.CHECKPOINT, ...)."""
+    keys = set()
+    for k, v in node.items():
+        keys |= _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+    return keys
+
+
+def split_images(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """Separate the image paths from the options and KEY VALUE overrides."""
+    keys = _leaf_keys(get_default_config())
+    rest, images, i = [], [], 0
+    while i < len(argv):
+        tok = argv[i]
+        action = parser._option_string_actions.get(tok.split("=")[0]) if tok.startswith("-") else None
+        takes_value = action is not None and action.nargs != 0 and "=" not in tok
+        if tok in keys or takes_value:
+            rest += argv[i:i + 2]
+            i += 2
+        elif tok.startswith("-"):
+            rest.append(tok)  # a flag, or an unknown option load_config reports
+            i += 1
+        else:
+            images.append(tok)
+            i += 1
+    return rest, images
+
+
+def class_names(meta: dict, cfg, checkpoint: str, n: int) -> list[str]:
+    """Names for the n outputs: checkpoint, then the run's class_map.json, then DATA.ROOT/train, then indices."""
+    from runner.folder import class_dirs, read_class_map
+
+    names = meta.get("class_names") or []
+    ckpt = Path(checkpoint).resolve()
+    for candidate in (ckpt.parent.parent / "class_map.json", ckpt.parent / "class_map.json"):
+        if len(names) != n and candidate.is_file():
+            names = read_class_map(candidate)
+    train_dir = Path(cfg.DATA.ROOT).expanduser() / "train"
+    if len(names) != n and cfg.DATA.NAME == "folder" and train_dir.is_dir():
+        names = [d.name for d in class_dirs(train_dir)]
+    if len(names) != n:
+        names = [str(i) for i in range(n)]
+    return [str(x) for x in names]
+
+
+def load_input(path: str, transform) -> torch.Tensor:
+    """One image file through the eval transform; UserError naming the file when it cannot be read."""
+    from runner.folder import DECODE_ERRORS, open_image
+
+    if not Path(path).is_file():
+        raise UserError(f"image {path} does not exist")
+    try:
+        return transform(open_image(path))
+    except DECODE_ERRORS as e:
+        raise UserError(f"image {path} cannot be read as an image ({type(e).__name__}: {e})") from None
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    """Load the model and weights, classify each image, print the top-5 (or JSON with --json)."""
+    parser = build_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                          usage="%(prog)s --cfg FILE MODEL.CHECKPOINT PATH [KEY VALUE ...] IMAGE [IMAGE ...]")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--topk", type=int, default=5, help="classes shown per image (default 5)")
+    rest, images = split_images(sys.argv[1:] if argv is None else list(argv), parser)
+    cfg, info = load_config(rest, parser)
+    if handle_info_flags(cfg, info):
+        return 0
+    if not cfg.MODEL.CHECKPOINT:
+        raise UserError("tools/predict.py needs weights: add MODEL.CHECKPOINT path/to/checkpoint.pth")
+    if info.args.topk < 1:
+        raise UserError(f"--topk {info.args.topk}: give a number of classes >= 1")
+    if not images:
+        raise UserError("no image given: add one or more image paths after the config arguments")
+    from runner.checkpoint import load_weights
+    from runner.folder import build_transform
+    from runner.model import build_model
+
+    bare = cfg.clone()
+    bare.defrost()
+    bare.MODEL.CHECKPOINT = ""  # loaded below, once, keeping the checkpoint's metadata
+    bare.freeze()
+    model = build_model(bare)
+    meta = load_weights(model, cfg.MODEL.CHECKPOINT)
+    use_cuda = cfg.DEVICE == "cuda" or (cfg.DEVICE == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    model.to(device).eval()
+    transform = build_transform(cfg, is_training=False)
+    batch = torch.stack([load_input(p, transform) for p in images]).to(device)
+    with torch.inference_mode():
+        probs = model(batch).float().softmax(dim=1).cpu()
+    names = class_names(meta, cfg, cfg.MODEL.CHECKPOINT, probs.shape[1])
+    k = min(info.args.topk, probs.shape[1])
+    top_p, top_i = probs.topk(k, dim=1)
+    results = [{"image": path, "top": [{"class": names[i], "index": int(i), "prob": round(float(p), 6)}
+                                       for p, i in zip(ps.tolist(), idx.tolist(), strict=True)]}
+               for path, ps, idx in zip(images, top_p, top_i, strict=True)]
+    if info.args.json:
+        print(json.dumps({"checkpoint": cfg.MODEL.CHECKPOINT, "predictions": results}))
+        return 0
+    width = max(len(n) for n in names)
+    for r in results:
+        print(r["image"])
+        for rank, t in enumerate(r["top"], 1):
+            print(f"  {rank}. {t['class']:<{width}}  {100 * t['prob']:6.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    main()
