@@ -1,6 +1,6 @@
 """Decoding throughput of folder datasets: images/s per core, plain PIL ImageFolder against runner.folder.
 
-    python benchmarks/decode.py [--root DIR] [--images 600] [--repeats 3] [--loader] [--gpu]
+    python benchmarks/decode.py [--root DIR] [--images 600] [--repeats 3] [--parts transforms,decode,loader]
 
 Data (written under --root on the first run): scikit-learn's digits exported as 224 px JPEGs (1,797 files) and
 scikit-learn's two sample photos (640x427 JPEGs) copied 64 times each. Every pipeline runs in this one process
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torchvision
 from PIL import Image
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 from runner.config import get_default_config
 from runner.folder import (
@@ -128,8 +128,8 @@ def loader_rates(cfg, workers: list[int], prefetch: list[int], n_batches: int) -
     out = []
     for w in workers:
         for pf in prefetch if w else [None]:
-            dl = DataLoader(ds, batch_size=64, shuffle=True, num_workers=w, prefetch_factor=pf,
-                            persistent_workers=False, drop_last=True)
+            sampler = RandomSampler(ds, replacement=True, num_samples=64 * (n_batches + 1))
+            dl = DataLoader(ds, batch_size=64, sampler=sampler, num_workers=w, prefetch_factor=pf)
             it = iter(dl)
             next(it)  # workers started and warm
             t0 = time.perf_counter()
@@ -154,13 +154,29 @@ def gpu_decode(paths: list[str], batch: int = 64, rounds: int = 10) -> float:
     return batch * rounds / (time.perf_counter() - t0)
 
 
+def transform_table(roots: dict, files: dict, n: int, repeats: int) -> None:
+    """Print images/s/core of every pipeline for every case."""
+    names = " | ".join(pipelines(config(roots["digits"], 32), True))
+    print(f"| data -> size | split | {names} | speed-up |")
+    print("|---|---|" + "---:|" * 6)
+    for name, size in CASES:
+        cfg = config(roots[name], size)
+        for train in (True, False):
+            got = list(rates(pipelines(cfg, train), files[name], n, repeats).values())
+            cells = " | ".join(f"{r:,.0f}" for r in got)
+            split = "train" if train else "eval"
+            print(f"| {name} -> {size} | {split} | {cells} | {got[-1] / got[0]:.2f}x |", flush=True)
+
+
 def main() -> None:
     """Run every case and print markdown tables."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "runner-decode-bench"))
     ap.add_argument("--images", type=int, default=600, help="images per timed pass")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--loader", action="store_true", help="also time DataLoader worker/prefetch settings")
+    ap.add_argument("--parts", default="transforms,decode",
+                    help="comma-separated: transforms (pipelines per core), decode (decode only), loader "
+                         "(DataLoader wall images/s per worker count and prefetch factor)")
     ap.add_argument("--gpu", action="store_true", help="also time nvJPEG decoding on CUDA")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -168,26 +184,19 @@ def main() -> None:
     files = {k: sorted(str(p) for p in (v / "train").rglob("*.jpg")) for k, v in roots.items()}
     print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, Pillow {Image.__version__}, "
           f"{os.cpu_count()} CPUs; images/s per core (images / CPU s, best of {args.repeats})\n")
-    names = " | ".join(pipelines(config(roots["digits"], 32), True))
-    print(f"| data -> size | split | {names} | speed-up |")
-    print("|---|---|" + "---:|" * 6)
-    for name, size in CASES:
-        cfg = config(roots[name], size)
-        for train in (True, False):
-            got = list(rates(pipelines(cfg, train), files[name], args.images, args.repeats).values())
-            cells = " | ".join(f"{r:,.0f}" for r in got)
-            split = "train" if train else "eval"
-            print(f"| {name} -> {size} | {split} | {cells} | {got[-1] / got[0]:.2f}x |", flush=True)
-    print("\n| decode only (no transform) | digits 224 px, draft for 32 | photos 640x427, draft for 64 |")
-    print("|---|---:|---:|")
-    dig = decode_only(files["digits"], args.images, args.repeats, 32)
-    pho = decode_only(files["photos"], args.images, args.repeats, 64)
-    for (k, a), b in zip(dig.items(), pho.values(), strict=True):
-        print(f"| {k} | {a:,.0f} | {b:,.0f} |")
+    if "transforms" in args.parts:
+        transform_table(roots, files, args.images, args.repeats)
+    if "decode" in args.parts:
+        print("\n| decode only (no transform) | digits 224 px, draft for 32 | photos 640x427, draft for 64 |")
+        print("|---|---:|---:|")
+        dig = decode_only(files["digits"], args.images, args.repeats, 32)
+        pho = decode_only(files["photos"], args.images, args.repeats, 64)
+        for (k, a), b in zip(dig.items(), pho.values(), strict=True):
+            print(f"| {k} | {a:,.0f} | {b:,.0f} |")
     if args.gpu and torch.cuda.is_available():
         print(f"\nnvJPEG on {torch.cuda.get_device_name()}: digits {gpu_decode(files['digits']):,.0f} img/s, "
               f"photos {gpu_decode(files['photos']):,.0f} img/s (batched 64, decode only)")
-    if args.loader:
+    if "loader" in args.parts:
         torch.set_num_threads(os.cpu_count() or 1)
         for name, size in [("digits", 32), ("photos", 224)]:
             print(f"\nDataLoader, {name} -> {size} train, batch 64, wall images/s (ours):")
