@@ -5,6 +5,8 @@ import csv
 import io
 import json
 import os
+import re
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,18 +15,20 @@ from typing import Any
 import yaml
 
 from runner.config import get_default_config
+from runner.runstate import is_locked
 
 # A run with no results.json counts as running when one of its files changed this recently (seconds)
 ACTIVE_S = 120.0
 # Subfolders of a run that never hold runs themselves; skipping them keeps the walk fast
 SKIP_DIRS = {"checkpoints", "profile"}
 # Files whose modification time shows that a run is alive
-ACTIVITY_FILES = ("metrics.jsonl", "log.txt", "checkpoints/last.pth")
+ACTIVITY_FILES = ("run.json", "metrics.jsonl", "log.txt", "checkpoints/last.pth")
 # Keys that differ in every run by construction, so they never make a column
 IGNORED_KEYS = {"OUTPUT_DIR"}
 RESULT_COLUMNS = ("status", "val/top1", "best/val/top1", "val/top5", "best/val/top5", "epoch", "wall_s",
                   "train/img_per_s", "note")
 DEFAULT_SORT = "best/val/top1"
+_CONFIG_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)*$")
 
 try:  # the C loader is several times faster on hundreds of config files
     _Loader = yaml.CSafeLoader
@@ -39,24 +43,25 @@ class Run:
     path: str
     status: str = ""
     config_files: str = ""
-    changed: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] | None = None  # every key of config.yaml, flattened; None when unreadable
     results: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def row(self, keys: list[str]) -> dict[str, Any]:
         """Column name to value: run, config, the given override keys, then the result columns."""
-        row = {"run": self.path, "config": self.config_files, **{k: self.changed.get(k) for k in keys}}
+        values = {} if self.config is None else {**default_values(), **self.config}
+        row = {"run": self.path, "config": self.config_files, **{k: values.get(k) for k in keys}}
         row.update({k: self.results.get(k) for k in RESULT_COLUMNS})
         row.update(status=self.status, note="; ".join(self.notes))
         return row
 
 
 def find_runs(root: Path) -> list[Path]:
-    """Every folder under root (root included) that holds a config.yaml, in sorted order."""
+    """Every folder under root (root included) with a config.yaml or a run.lock, in sorted order."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-        if "config.yaml" in filenames:
+        if "config.yaml" in filenames or "run.lock" in filenames:
             found.append(Path(dirpath))
     return found
 
@@ -83,36 +88,31 @@ def default_values() -> dict[str, Any]:
 
 
 def changed_keys(config: dict[str, Any]) -> dict[str, Any]:
-    """Keys of a loaded config.yaml whose value differs from the defaults (unknown keys included)."""
+    """Keys of a flattened config whose value differs from the defaults (unknown keys included)."""
     defaults = default_values()
-    flat = flatten(config)
-    return {k: v for k, v in sorted(flat.items())
-            if k not in IGNORED_KEYS and (k not in defaults or defaults[k] != v)}
+    return {k: v for k, v in sorted(config.items())
+            if k not in IGNORED_KEYS and (k not in defaults or not _same(defaults[k], v))}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, where true is not 1 (as runner.config compares them)."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
 
 
 def read_config(run: Run, folder: Path) -> None:
-    """Fill the changed keys and the config file names from config.yaml; a bad file becomes a note."""
-    text = (folder / "config.yaml").read_text(errors="replace")
+    """Fill the run's config from config.yaml; an unreadable file becomes a note."""
     try:
+        text = (folder / "config.yaml").read_text(errors="replace")
         config = yaml.load(text, Loader=_Loader)
         if not isinstance(config, dict):
             raise ValueError("not a mapping of keys")
-    except (yaml.YAMLError, ValueError) as e:
+    except FileNotFoundError:
+        run.notes.append("no config.yaml")
+        return
+    except (OSError, yaml.YAMLError, ValueError) as e:
         run.notes.append(f"config.yaml unreadable ({_first_line(e)})")
         return
-    run.changed = changed_keys(config)
-    run.config_files = _config_files(text)
-
-
-def _config_files(text: str) -> str:
-    """The --cfg file(s) a run came from, when the loader recorded them in a leading comment."""
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
-        key, _, value = line.lstrip("# ").partition(":")
-        if key.strip().lower() in ("cfg", "config", "config files", "from"):
-            return value.strip()
-    return ""
+    run.config = flatten(config)
 
 
 def read_metrics(run: Run, folder: Path) -> dict[str, Any]:
@@ -134,6 +134,9 @@ def read_metrics(run: Run, folder: Path) -> dict[str, Any]:
             bad.append(number)
             continue
         _fold_metrics(out, record)
+    speeds = out.pop("_img_per_s", None)
+    if speeds:
+        out["train/img_per_s"] = sum(speeds) / len(speeds)
     if bad == [len(lines)]:
         run.notes.append("partial last line of metrics.jsonl ignored")
     elif bad:
@@ -143,38 +146,40 @@ def read_metrics(run: Run, folder: Path) -> dict[str, Any]:
 
 
 def _fold_metrics(out: dict[str, Any], record: dict[str, Any]) -> None:
-    """Update the running final/best values with one metrics.jsonl record."""
-    if isinstance(record.get("epoch"), (int, float)):
-        out["epoch"] = record["epoch"]
-    for key in ("val/top1", "val/top5", "train/img_per_s"):
+    """Update the final and best val metrics, the epoch and the img/s sum with one metrics.jsonl record."""
+    for key in ("val/top1", "val/top5"):
         value = record.get(key)
-        if isinstance(value, (int, float)):
+        if _is_number(value):
             out[key] = value
-            best = f"best/{key}"
-            if key.startswith("val/") and (best not in out or value > out[best]):
-                out[best] = value
+            out[f"best/{key}"] = max(value, out.get(f"best/{key}", value))
+            if _is_number(record.get("epoch")):
+                out["epoch"] = record["epoch"]  # evaluations come at epoch ends: epochs done
+    if _is_number(record.get("train/img_per_s")):
+        out["_img_per_s"] = [*out.get("_img_per_s", []), record["train/img_per_s"]]
 
 
-def read_results(run: Run, folder: Path) -> dict[str, Any] | None:
-    """results.json as a dict, or None when there is none; an unreadable one becomes a note."""
-    path = folder / "results.json"
+def _is_number(value: Any) -> bool:
+    """An int or float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_json(run: Run, folder: Path, name: str) -> dict[str, Any] | None:
+    """A JSON object file of the run, or None when missing; an unreadable one becomes a note."""
+    path = folder / name
     if not path.is_file():
         return None
     try:
-        results = json.loads(path.read_text())
-        if not isinstance(results, dict):
+        obj = json.loads(path.read_text())
+        if not isinstance(obj, dict):
             raise ValueError("not a JSON object")
-        return results
+        return obj
     except (ValueError, OSError) as e:
-        run.notes.append(f"results.json unreadable ({_first_line(e)})")
+        run.notes.append(f"{name} unreadable ({_first_line(e)})")
         return None
 
 
-def is_active(folder: Path, now: float, active_s: float = ACTIVE_S) -> bool:
-    """A live process id in run.pid, or a log/metrics/checkpoint file changed within active_s."""
-    pid = _read_pid(folder / "run.pid")
-    if pid is not None:
-        return _pid_alive(pid)
+def recently_active(folder: Path, now: float, active_s: float = ACTIVE_S) -> bool:
+    """A log, metrics, status or checkpoint file of the run changed within active_s seconds."""
     for name in ACTIVITY_FILES:
         try:
             if now - (folder / name).stat().st_mtime < active_s:
@@ -184,62 +189,71 @@ def is_active(folder: Path, now: float, active_s: float = ACTIVE_S) -> bool:
     return False
 
 
-def _read_pid(path: Path) -> int | None:
-    """The process id written in a pid file, or None when there is no usable file."""
+def lock_held(folder: Path) -> bool:
+    """True while a training process holds the run's lock (OUTPUT_DIR/run.lock)."""
     try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return is_locked(folder)
+    except OSError:
         return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
-def status_from_results(results: dict[str, Any]) -> tuple[str, str]:
-    """(status, note) from the status the engine wrote into results.json."""
-    raw = str(results.get("status", ""))
-    if raw == "done":
-        return "done", ""
-    if raw == "preempted":  # state saved on a signal: re-running continues it, like a killed run
-        return "interrupted", "preempted; re-run to continue"
+# run.json statuses of a run that stopped and continues when its command is run again
+_RESUMABLE = {"preempted": "preempted; re-run to continue",
+              "profiled": "stopped after profiling (PROFILE.ONLY); re-run without it to go on",
+              "done": "run.json says done but results.json is missing; re-run to finish"}
+
+
+def run_status(folder: Path, state: dict[str, Any] | None, now: float, active_s: float) -> tuple[str, str]:
+    """(status, note) of a run without a done results.json, from its lock, run.json and file times."""
+    if lock_held(folder):
+        return "running", ""
+    raw = str(state.get("status", "")) if state else ""
+    if raw == "running" and state.get("host") not in (None, socket.gethostname()):
+        # another machine's lock cannot be seen from here: trust recent writes instead
+        running = recently_active(folder, now, active_s)
+        return ("running", f"on {state['host']}") if running else ("interrupted", f"on {state['host']}")
+    if raw == "running":
+        return "interrupted", "killed (no process holds the run lock); re-run to continue"
+    if raw in _RESUMABLE:
+        return "interrupted", _RESUMABLE[raw]
     if raw == "failed":
-        return "failed", str(results.get("error", ""))
-    return "failed", f"results.json status {raw!r}"
+        return "failed", str(state.get("error", ""))
+    if raw == "nonfinite":
+        return "failed", f"loss became non-finite (step {state.get('step', '?')})"
+    if raw:
+        return "failed", f"run.json status {raw!r}"
+    if recently_active(folder, now, active_s):  # no run.json: a run from before run.json, or another tool
+        return "running", f"files changed within {active_s:.0f} s"
+    progress = (folder / "checkpoints").is_dir() or (folder / "metrics.jsonl").is_file()
+    return "interrupted", "" if progress else "no metrics or checkpoints"
 
 
 def summarize_run(folder: Path, root: Path, now: float, active_s: float = ACTIVE_S) -> Run:
     """Everything the summary shows about one run folder."""
     run = Run(path=folder.relative_to(root).as_posix() or ".")
-    read_config(run, folder)
-    results = read_results(run, folder)
+    results = read_json(run, folder, "results.json")
+    if results is not None and isinstance(results.get("changed"), dict):
+        run.config = {**default_values(), **results["changed"]}  # JSON: much faster than config.yaml
+    else:
+        read_config(run, folder)
+    state = read_json(run, folder, "run.json")
+    run.config_files = _files_text((state or {}).get("cfg_files"))
     if results is not None and results.get("status") == "done":
-        run.results = results  # results.json already holds the final and best values
+        run.status, note = "done", ""
+        run.results = results  # the final and best values, without reading metrics.jsonl
+    elif not (folder / "config.yaml").exists() and state is None and not lock_held(folder):
+        run.status, note = "failed", "stopped during setup (the error is in the job's output)"
     else:
-        run.results = {**read_metrics(run, folder), **_numbers(results or {})}
-    if results is not None and "status" in results:
-        run.status, note = status_from_results(results)
-    elif is_active(folder, now, active_s):
-        run.status, note = "running", ""
-    else:
-        run.status = "interrupted"
-        has_progress = (folder / "checkpoints").is_dir() or (folder / "metrics.jsonl").is_file()
-        note = "" if has_progress else "no metrics or checkpoints"
+        run.status, note = run_status(folder, state, now, active_s)
+        run.results = read_metrics(run, folder)
     if note:
         run.notes.insert(0, note)
     return run
 
 
-def _numbers(results: dict[str, Any]) -> dict[str, Any]:
-    """The numeric entries of a results.json (used for runs that did not finish)."""
-    return {k: v for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+def _files_text(files: Any) -> str:
+    """Config file names recorded as a list or a string, as one cell."""
+    return " ".join(map(str, files)) if isinstance(files, list) else str(files or "")
 
 
 def _first_line(e: BaseException) -> str:
@@ -251,7 +265,8 @@ def summarize(root: Path, active_s: float = ACTIVE_S) -> list[dict[str, Any]]:
     """One row per run under root; override columns are the union over all runs."""
     now = time.time()
     runs = [summarize_run(folder, root, now, active_s) for folder in find_runs(root)]
-    keys = sorted({k for run in runs for k in run.changed})
+    # a key that one run changed becomes a column, with every run's value in it (the default included)
+    keys = sorted({k for run in runs if run.config is not None for k in changed_keys(run.config)})
     rows = [run.row(keys) for run in runs]
     if rows and not any(row["config"] for row in rows):
         for row in rows:
@@ -261,19 +276,16 @@ def summarize(root: Path, active_s: float = ACTIVE_S) -> list[dict[str, Any]]:
 
 def sort_rows(rows: list[dict[str, Any]], key: str = DEFAULT_SORT, descending: bool = True) -> list[dict]:
     """Rows sorted by one column: numbers, then text, then empty cells (always last); ties keep run order."""
-    def is_number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-    numbers = [r for r in rows if is_number(r.get(key))]
+    numbers = [r for r in rows if _is_number(r.get(key))]
     empty = [r for r in rows if r.get(key) is None or r.get(key) == ""]
-    text = [r for r in rows if not is_number(r.get(key)) and r.get(key) not in (None, "")]
+    text = [r for r in rows if not _is_number(r.get(key)) and r.get(key) not in (None, "")]
     return (sorted(numbers, key=lambda r: r[key], reverse=descending)
             + sorted(text, key=lambda r: str(r[key]), reverse=descending) + empty)
 
 
 def best_index(rows: list[dict[str, Any]], key: str = DEFAULT_SORT) -> int | None:
     """Index of the row with the highest value of key (the best run), or None when none has one."""
-    scored = [(row[key], i) for i, row in enumerate(rows) if isinstance(row.get(key), (int, float))]
+    scored = [(row[key], i) for i, row in enumerate(rows) if _is_number(row.get(key))]
     return max(scored, key=lambda t: (t[0], -t[1]))[1] if scored else None
 
 
@@ -290,12 +302,26 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def constant_keys(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Config-key columns with one value in every row (only when there are several rows)."""
+    if len(rows) < 2:
+        return {}
+    return {c: rows[0][c] for c in rows[0]
+            if _CONFIG_KEY.match(c) and all(row[c] == rows[0][c] for row in rows)}
+
+
 def to_markdown(rows: list[dict[str, Any]], best: int | None) -> str:
-    """A markdown table; the best row gets a * in the first column and a bold run name."""
+    """A markdown table of the keys that vary; the best row gets a * and a bold run name.
+
+    Keys set to the same value in every run go in one line above the table, so a sweep's table shows
+    exactly the swept keys.
+    """
     if not rows:
         return ""
-    columns = list(rows[0])
-    lines = ["|   | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    same = constant_keys(rows)
+    columns = [c for c in rows[0] if c not in same]
+    lines = [f"Same in every run: {', '.join(f'{k}={format_value(v)}' for k, v in same.items())}", ""] if same else []
+    lines += ["|   | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for i, row in enumerate(rows):
         cells = [format_value(row[c]).replace("|", "\\|") for c in columns]
         if i == best:

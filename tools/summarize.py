@@ -15,8 +15,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(
         description="List every run (a folder with config.yaml) under ROOT: the keys that differ from the "
-        "defaults, the status and the results. Status: done | running (no results.json and a file changed "
-        f"within {ACTIVE_S:.0f} s, or a live run.pid) | interrupted (re-run to continue) | failed.")
+        "defaults, the status and the results. Status: done | running (a process holds the run lock; for "
+        f"runs of other machines or without run.json: a file changed within {ACTIVE_S:.0f} s) | interrupted "
+        "(killed or preempted: re-run the same command to continue) | failed (see the note and log.txt).")
     parser.add_argument("root", type=Path, help="folder to search, at any depth (e.g. a sweep root)")
     parser.add_argument("--sort", default=DEFAULT_SORT, metavar="KEY",
                         help=f"column to sort by (default {DEFAULT_SORT}), e.g. TRAIN.LR, wall_s, run")
