@@ -1,0 +1,120 @@
+"""The example sweep scripts end to end: a 2x2 sweep on digits, re-runs that train nothing, a redone point.
+
+The 2x2 sweep runs once per module (two points at a time: per_gpu.sh with JOBS=2 on the CPU); the tests
+after it re-run lr_x_model.sh and per_gpu.sh on the same root. Every point pays Python, torch and timm
+start-up, so the points are as small as still gives val/top1: 16 px, batch 16, two steps, 10% val split.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LRS, MODELS = ("0.1", "0.05"), ("test_resnet", "test_efficientnet")
+POINTS = [f"lr{lr}_{m}" for lr in LRS for m in MODELS]
+TINY = ["TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "2", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "16",
+        "DATA.VAL_FRACTION", "0.1", "DATA.NUM_WORKERS", "0", "LOG.PERIOD", "1"]
+
+
+def sweep(script: str, root: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run tools/sweeps/<script> on root with this interpreter; one CPU thread per point."""
+    full_env = dict(os.environ, SWEEP_ROOT=str(root), PYTHON=sys.executable, LRS=" ".join(LRS),
+                    MODELS=" ".join(MODELS), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    full_env.update(env)
+    return subprocess.run(["bash", str(ROOT / "tools" / "sweeps" / script), *TINY, *args], capture_output=True,
+                          text=True, timeout=600, env=full_env, cwd=ROOT)
+
+
+def summary_rows(root: Path) -> list[dict]:
+    """tools/summarize.py's CSV, one dict per run."""
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "summarize.py"), str(root), "--format", "csv"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    return list(csv.DictReader(io.StringIO(out.stdout)))
+
+
+def snapshot(folder: Path) -> dict[str, int]:
+    """Modification time (ns) of every file in a run folder."""
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+def metrics_lines(root: Path) -> dict[str, int]:
+    """Number of metrics.jsonl lines per point."""
+    return {p: len((root / p / "metrics.jsonl").read_text().splitlines()) for p in POINTS}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The 2x2 sweep, run once: two points at a time on the CPU."""
+    root = tmp_path_factory.mktemp("sweep") / "lr_x_model"
+    t0 = time.perf_counter()
+    out = sweep("per_gpu.sh", root, JOBS="2", NUM_GPUS="0")
+    print(f"2x2 sweep: {time.perf_counter() - t0:.1f}s")
+    assert out.returncode == 0, out.stdout + out.stderr
+    return root, out
+
+
+def test_sweep_gives_four_finished_rows(swept) -> None:
+    root, out = swept
+    rows = {r["run"]: r for r in summary_rows(root)}
+    assert sorted(rows) == sorted(POINTS)
+    for name, row in rows.items():
+        lr, model = name[2:].split("_", 1)
+        assert (row["status"], row["TRAIN.LR"], row["MODEL.NAME"]) == ("done", lr, model)
+        assert 0.0 <= float(row["val/top1"]) <= 100.0 and float(row["best/val/top1"]) >= float(row["val/top1"])
+    # the script ends with the table: one markdown row per point, the best one marked
+    table = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + 4 and sum(line.startswith("| * ") for line in table) == 1
+    assert "2 point(s) at a time" in out.stdout
+    # every point writes its own TensorBoard events in its own folder: `tensorboard --logdir ROOT` shows all
+    assert all(list((root / p).glob("events.out.tfevents.*")) for p in POINTS)
+
+
+def test_rerun_trains_nothing(swept) -> None:
+    root, _ = swept
+    before = {p: snapshot(root / p) for p in POINTS}
+    lines = metrics_lines(root)
+    t0 = time.perf_counter()
+    out = sweep("lr_x_model.sh", root)
+    elapsed = time.perf_counter() - t0
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("(done)") == 4 and "sweep: start" not in out.stdout
+    assert elapsed < 5, f"a re-run of a finished sweep took {elapsed:.1f}s"
+    # SWEEP_RECHECK=1 asks train.py itself; it also says done without training (and without importing torch)
+    t0 = time.perf_counter()
+    out = sweep("per_gpu.sh", root, SWEEP_RECHECK="1")
+    elapsed = time.perf_counter() - t0
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("already done") == 4
+    assert elapsed < 15, f"a re-run through train.py took {elapsed:.1f}s"
+    assert metrics_lines(root) == lines
+    assert {p: snapshot(root / p) for p in POINTS} == before
+
+
+def test_failed_point_does_not_stop_the_sweep(swept) -> None:
+    root, _ = swept
+    out = sweep("lr_x_model.sh", root, LRS="-1 0.1")  # TRAIN.LR -1 is refused by the config check (exit 2)
+    assert out.returncode == 1
+    assert out.stdout.count("(done)") == 2  # the lr0.1 points after the failed ones still get their turn
+    assert "2 point(s) failed" in out.stderr
+    assert "lr-1_test_resnet (exit code 2)" in out.stderr and "lr-1_test_efficientnet (exit code 2)" in out.stderr
+
+
+def test_deleted_point_is_redone_alone(swept) -> None:
+    root, _ = swept
+    redo, others = POINTS[1], [p for p in POINTS if p != POINTS[1]]
+    before = {p: snapshot(root / p) for p in others}
+    shutil.rmtree(root / redo)
+    out = sweep("lr_x_model.sh", root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"sweep: start {redo}" in out.stdout and out.stdout.count("sweep: start") == 1
+    assert {p: snapshot(root / p) for p in others} == before
+    rows = {r["run"]: r for r in summary_rows(root)}
+    assert rows[redo]["status"] == "done" and rows[redo]["val/top1"] != ""

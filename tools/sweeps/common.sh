@@ -1,0 +1,109 @@
+# Shared helpers for the sweep scripts in this folder; `source` it, do not run it.
+# A sweep: sweep_init NAME SLOTS; per point: `point_done NAME && continue; slot_wait; slot_run NAME CMD...`;
+# then sweep_end. SLOTS points run at once (SLOTS=1: one after another, output on the console; more: each
+# point's output goes to ROOT/logs/NAME.log). Ctrl-C or SIGTERM stops the sweep: running points get SIGTERM,
+# save their state and exit; re-running the same command continues where it stopped.
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PY=${PYTHON:-python}
+CFG=${CFG:-$REPO/configs/digits/resnet18.yaml}
+
+sweep_init() {  # NAME SLOTS: sets ROOT (SWEEP_ROOT or output/sweeps/NAME) and the bookkeeping
+  ROOT=${SWEEP_ROOT:-output/sweeps/$1}
+  NSLOTS=$2
+  mkdir -p "$ROOT"
+  SLOT=0 STOP=0 SKIPPED=0 SLOT_PID=() FAILED=()
+  declare -gA NAME_OF=()
+  trap sweep_stop INT TERM
+  echo "sweep: $ROOT, $NSLOTS point(s) at a time"
+}
+
+sweep_stop() {  # on Ctrl-C/SIGTERM: ask the running points to save and exit, start no new ones
+  STOP=1
+  echo "sweep: stopping; running points save their state (re-run the same command to continue)" >&2
+  local pid
+  for pid in "${SLOT_PID[@]}"; do [[ -z $pid ]] || kill -TERM "$pid" 2>/dev/null || true; done
+}
+
+point_done() {  # NAME: true when ROOT/NAME/results.json says done (checked without starting Python)
+  [[ -z ${SWEEP_RECHECK:-} ]] || return 1  # SWEEP_RECHECK=1: let train.py decide (e.g. after raising EPOCHS)
+  grep -Eqs '"status"[[:space:]]*:[[:space:]]*"done"' "$ROOT/$1/results.json" || return 1
+  echo "sweep: skip $1 (done)"
+  SKIPPED=$((SKIPPED + 1))
+}
+
+busy() {  # true while some slot runs a point
+  local pid
+  for pid in "${SLOT_PID[@]}"; do [[ -z $pid ]] || return 0; done
+  return 1
+}
+
+reap_one() {  # wait for one running point to end; record it when it failed
+  local pid rc=0 s name running=()
+  for pid in "${SLOT_PID[@]}"; do [[ -z $pid ]] || running+=("$pid"); done
+  ((${#running[@]})) || return 0
+  wait -n -p pid "${running[@]}" || rc=$?
+  [[ -n ${pid:-} ]] || return 0  # a trapped signal interrupted wait; the caller waits again
+  for s in "${!SLOT_PID[@]}"; do [[ ${SLOT_PID[s]} != "$pid" ]] || SLOT_PID[s]=""; done
+  name=${NAME_OF[$pid]}
+  if ((rc == 0)); then
+    echo "sweep: $name finished"
+  else
+    FAILED+=("$name (exit code $rc)")
+    echo "sweep: $name failed with exit code $rc" >&2
+  fi
+}
+
+slot_wait() {  # set SLOT to a free slot, waiting for a running point to end when all are busy
+  while :; do
+    for ((SLOT = 0; SLOT < NSLOTS; SLOT++)); do [[ -n ${SLOT_PID[SLOT]:-} ]] || return 0; done
+    reap_one
+  done
+}
+
+slot_run() {  # NAME CMD...: run CMD in the background in slot SLOT (nothing once the sweep is stopping)
+  local name=$1
+  shift
+  ((STOP == 0)) || return 0
+  if ((NSLOTS > 1)); then
+    mkdir -p "$ROOT/logs"
+    echo "sweep: start $name in slot $SLOT (output: $ROOT/logs/$name.log)"
+    "$@" >"$ROOT/logs/$name.log" 2>&1 &
+  else
+    echo "sweep: start $name"
+    "$@" &  # in the background, so that a signal reaches the trap at once
+  fi
+  SLOT_PID[SLOT]=$!
+  NAME_OF[$!]=$name
+}
+
+sweep_end() {  # wait for the running points, print the summary, exit non-zero when points failed
+  while busy; do reap_one; done
+  "$PY" "$REPO/tools/summarize.py" "$ROOT" || true
+  if ((SKIPPED)); then
+    echo "sweep: $SKIPPED finished point(s) skipped without starting Python; after raising TRAIN.EPOCHS or" \
+      "TRAIN.MAX_STEPS, re-run with SWEEP_RECHECK=1 so that train.py extends them"
+  fi
+  if ((STOP)); then
+    echo "sweep: stopped; re-run the same command to continue" >&2
+    exit 75
+  fi
+  if ((${#FAILED[@]})); then
+    echo "sweep: ${#FAILED[@]} point(s) failed (see their log.txt; re-running retries them):" >&2
+    printf '  %s\n' "${FAILED[@]}" >&2
+    exit 1
+  fi
+}
+
+gpu_list() {  # set GPUS to the device ids: CUDA_VISIBLE_DEVICES, else nvidia-smi; NUM_GPUS caps (or sets) the count
+  local i n=0 ids=()
+  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+    IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
+  else
+    n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || n=0
+    n=${NUM_GPUS:-$n}  # where nvidia-smi is missing, NUM_GPUS says how many there are
+    for ((i = 0; i < n; i++)); do ids+=("$i"); done
+  fi
+  GPUS=("${ids[@]:0:${NUM_GPUS:-${#ids[@]}}}")
+  ((${#GPUS[@]})) || echo "sweep: no GPU found: points run on the CPU"
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Learning rates x models, one point after another; safe to re-run: done points are skipped, interrupted
+# ones resume, missing ones start. Extra arguments are KEY VALUE overrides passed to every point.
+#   [SWEEP_ROOT=dir] [LRS="0.1 0.05"] [MODELS="resnet18 resnet10t"] [CFG=file] [PYTHON=python] \
+#     tools/sweeps/lr_x_model.sh [KEY VALUE ...]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+sweep_init lr_x_model 1
+for lr in ${LRS:-0.2 0.1 0.05}; do
+  for model in ${MODELS:-resnet18 resnet10t}; do
+    name=lr${lr}_${model}
+    point_done "$name" && continue
+    slot_wait
+    slot_run "$name" "$PY" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" MODEL.NAME "$model" \
+      OUTPUT_DIR "$ROOT/$name" "$@"
+  done
+done
+sweep_end

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Learning rates x models, one point per GPU at a time: a job-slot queue where a GPU takes the next point as
+# soon as its point ends. GPUs: CUDA_VISIBLE_DEVICES, else nvidia-smi; NUM_GPUS=n overrides the count.
+# JOBS=n runs n points at once instead (spread over the GPUs; on a machine without GPU, n CPU processes:
+# default 1). Safe to re-run like lr_x_model.sh. Each point's output: $SWEEP_ROOT/logs/<point>.log.
+#   [SWEEP_ROOT=dir] [NUM_GPUS=n] [JOBS=n] [LRS=...] [MODELS=...] [CFG=file] tools/sweeps/per_gpu.sh [KEY VALUE ...]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+gpu_list
+sweep_init per_gpu "${JOBS:-$((${#GPUS[@]} ? ${#GPUS[@]} : 1))}"
+for lr in ${LRS:-0.2 0.1 0.05}; do
+  for model in ${MODELS:-resnet18 resnet10t}; do
+    name=lr${lr}_${model}
+    point_done "$name" && continue
+    slot_wait
+    device=()
+    ((${#GPUS[@]} == 0)) || device=("CUDA_VISIBLE_DEVICES=${GPUS[SLOT % ${#GPUS[@]}]}")
+    slot_run "$name" env "${device[@]}" "$PY" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" \
+      MODEL.NAME "$model" OUTPUT_DIR "$ROOT/$name" "$@"
+  done
+done
+sweep_end

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Learning rates x models, each point under torchrun with NPROC processes (default: all GPUs; 2 on the CPU).
+# With at least twice NPROC GPUs (or JOBS=n), points run side by side on disjoint GPU sets, each with its own
+# rendezvous port (a free port picked per point, never one held by another running point of this sweep), so
+# concurrent jobs never collide. Safe to re-run like lr_x_model.sh; output: $SWEEP_ROOT/logs/<point>.log
+# when points run side by side.
+#   [SWEEP_ROOT=dir] [NPROC=n] [NUM_GPUS=n] [JOBS=n] [MAX_RESTARTS=0] [LRS=...] [MODELS=...] [CFG=file] \
+#     tools/sweeps/torchrun.sh [KEY VALUE ...]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+free_port() {  # a TCP port free now and not given to a running point of this sweep
+  local port
+  while :; do
+    port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("localhost", 0)); print(s.getsockname()[1])')
+    [[ " ${SLOT_PORT[*]} " == *" $port "* ]] || break
+  done
+  echo "$port"
+}
+
+slot_devices() {  # the GPUs of slot SLOT, comma-separated: NPROC of them, wrapping around the list
+  local i ids=()
+  for ((i = 0; i < NPROC; i++)); do ids+=("${GPUS[(SLOT * NPROC + i) % ${#GPUS[@]}]}"); done
+  (IFS=,; echo "${ids[*]}")
+}
+
+gpu_list
+NGPU=${#GPUS[@]}
+NPROC=${NPROC:-$((NGPU ? NGPU : 2))}
+sweep_init torchrun "${JOBS:-$((NGPU >= 2 * NPROC ? NGPU / NPROC : 1))}"
+SLOT_PORT=()
+for lr in ${LRS:-0.2 0.1 0.05}; do
+  for model in ${MODELS:-resnet18 resnet10t}; do
+    name=lr${lr}_${model}
+    point_done "$name" && continue
+    slot_wait
+    SLOT_PORT[SLOT]=$(free_port)
+    device=()
+    ((NGPU == 0)) || device=("CUDA_VISIBLE_DEVICES=$(slot_devices)")
+    slot_run "$name" env "${device[@]}" "$PY" -m torch.distributed.run --nnodes=1 --nproc_per_node="$NPROC" \
+      --max-restarts="${MAX_RESTARTS:-0}" --rdzv-backend=c10d --rdzv-endpoint="localhost:${SLOT_PORT[SLOT]}" \
+      --rdzv-id="$name" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" MODEL.NAME "$model" \
+      OUTPUT_DIR "$ROOT/$name" "$@"
+  done
+done
+sweep_end
