@@ -21,10 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.config import build_parser, handle_info_flags, load_config
 from runner.errors import cli
-from runner.folder import SPLITS, FolderIndex, scan_folder
+
+SPLITS = ("train", "val")  # as in runner.folder, which is imported only once the arguments are good
 
 
-def print_counts(index: FolderIndex) -> None:
+def print_counts(index) -> None:
     """A table: one row per class, usable (and bad) images per split."""
     width = max([len(c) for c in index.classes] + [5])
     print(f"{'class':<{width}}  " + "  ".join(f"{s:>14}" for s in SPLITS))
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg, info = load_config(argv, parser)
     if handle_info_flags(cfg, info):
         return 0
+    from runner.folder import scan_folder
+
     t0 = time.perf_counter()
     index = scan_folder(cfg, check=True, strict=False)
     n_files = sum(index.n_files(s) for s in SPLITS)
