@@ -7,8 +7,11 @@
 #   benchmarks/gpu.sh              # on a GPU box, from anywhere; needs only this repo and its packages
 #   benchmarks/gpu.sh --tiny       # the same pipeline on a tiny model (the CPU path when there is no GPU)
 #
-# Environment: PYTHON (default python), ROUNDS (3), STEPS (50), WARMUP (10), INFER (20), MODEL (resnet50),
-# SIZE (224), BATCH (256), COMPILE_MODE (default), OUT (a new temporary folder; every JSON line is kept there).
+# Compiled runs: the first step (compile_s) compiles from an empty inductor cache, and WARMUP further steps
+# let asynchronous compilation and cuDNN autotuning finish before the timed ones.
+# Environment: PYTHON (default python, which must import torch), ROUNDS (3), STEPS (50), WARMUP (10),
+# INFER (20), MODEL (resnet50), SIZE (224), BATCH (256), COMPILE_MODE (default), OUT (a new temporary folder;
+# every run's output is kept there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -16,7 +19,7 @@ PY=${PYTHON:-python}
 has_cuda=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))")
 if [[ "${1:-}" == "--tiny" || "$has_cuda" == "0" ]]; then
     [[ "$has_cuda" == "0" ]] && echo "no CUDA device: running the tiny CPU check of this script, not the GPU table"
-    DEV=cpu MODEL=${MODEL:-resnet10t} SIZE=${SIZE:-32} BATCH=${BATCH:-8} STEPS=${STEPS:-2} WARMUP=${WARMUP:-1}
+    DEV=cpu MODEL=${MODEL:-resnet10t} SIZE=${SIZE:-32} BATCH=${BATCH:-8} STEPS=${STEPS:-2} WARMUP=${WARMUP:-3}
     INFER=${INFER:-2} ROUNDS=${ROUNDS:-1}
     [[ "$has_cuda" == "1" ]] && DEV=cuda
 else
@@ -56,8 +59,11 @@ for compile in 0 1; do
         ((r % 2 == 0)) && order=(raw runner)
         for who in "${order[@]}"; do
             echo "== $who compile=$compile round $r/$ROUNDS" >&2
-            "${who}_cmd" "$compile" > "$OUT/$who-$compile-$r.log" 2>&1 \
-                || { echo "failed: see $OUT/$who-$compile-$r.log" >&2; tail -20 "$OUT/$who-$compile-$r.log" >&2; exit 1; }
+            # a fresh inductor cache per run: compile_s is a cold compile, and no run reuses another's kernels
+            TORCHINDUCTOR_CACHE_DIR="$OUT/inductor-$who-$compile-$r" \
+                "${who}_cmd" "$compile" > "$OUT/$who-$compile-$r.log" 2>&1 \
+                || { echo "failed: see $OUT/$who-$compile-$r.log" >&2
+                     tail -20 "$OUT/$who-$compile-$r.log" >&2; exit 1; }
             tail -n 1 "$OUT/$who-$compile-$r.log" > "$OUT/$who-$compile-$r.json"
         done
     done
