@@ -507,7 +507,7 @@ class Trainer:
 
     def _finish(self) -> dict:
         """results.json, TensorBoard hparams, status done."""
-        from runner.config import changed_from_defaults
+        from runner.config import RESUME_SAFE_KEYS, changed_from_defaults
 
         imgs, secs = self.throughput
         results = {
@@ -530,7 +530,8 @@ class Trainer:
         if self.main:
             metrics = {k: v for k, v in results.items() if k.startswith(("val", "best/val")) and v is not None}
             if getattr(self, "writer", None) is not None:
-                self.writer.hparams(changed_from_defaults(self.cfg), metrics)
+                hparams = {k: v for k, v in changed_from_defaults(self.cfg).items() if k not in RESUME_SAFE_KEYS}
+                self.writer.hparams(hparams, metrics)
             runstate.write_json_atomic(self.out / "results.json", results)
             self._status(runstate.DONE)
         log.info("done: val/top1 %s val/top5 %s (best %.2f at epoch %d), %d steps, %.1fs",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 EXIT_OK = 0
 EXIT_USER = 2  # a mistake in the config, the arguments or the data: one line on stderr

@@ -1,0 +1,144 @@
+"""End-to-end runs of tools/train.py on CPU: digits, synthetic and image folders, outputs read back."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from utils import ROOT, TINY, read_jsonl, run_tool
+
+DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """One tiny digits run shared by the tests that read its outputs."""
+    out = tmp_path_factory.mktemp("digits")
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "TRAIN.EPOCHS", "2", "OUTPUT_DIR", str(out)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out, r
+
+
+def test_digits_outputs(digits_run):
+    out, r = digits_run
+    for name in ("config.yaml", "log.txt", "metrics.jsonl", "results.json", "env.txt", "run.json"):
+        assert (out / name).is_file(), name
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "done" and res["step"] == 2 * (1437 // 64) and res["epoch"] == 2
+    assert 50 < res["val/top1"] <= 100 and res["val/top5"] >= res["val/top1"]
+    assert res["best/val/top1"] >= res["val/top1"] and res["wall_s"] > 0 and res["train/img_per_s"] > 0
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert all("step" in row and "epoch" in row for row in rows)
+    train = [row for row in rows if "train/loss" in row]
+    assert [row["step"] for row in train][:3] == [5, 10, 15]
+    assert all(math.isfinite(row["train/loss"]) and row["train/lr"] >= 0 and row["train/img_per_s"] > 0
+               for row in train)
+    val = [row for row in rows if "val/top1" in row]
+    assert [row["epoch"] for row in val] == [1, 2] and all(row["val/count"] == 360 for row in val)
+    assert train[0]["train/loss"] > train[-1]["train/loss"]  # it learns
+    assert "Traceback" not in r.stderr
+
+
+def test_tensorboard_events_read_back(digits_run):
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    out, _ = digits_run
+    mux = EventMultiplexer().AddRunsFromDirectory(str(out))
+    mux.Reload()
+    tags = mux.Runs()["."]["scalars"]
+    for tag in ("train/loss", "train/lr", "train/img_per_s", "val/top1", "val/top5"):
+        assert tag in tags
+    steps = [e.step for e in mux.Scalars(".", "val/top1")]
+    jsonl = [row["step"] for row in read_jsonl(out / "metrics.jsonl") if "val/top1" in row]
+    assert steps == jsonl
+    values = [e.value for e in mux.Scalars(".", "val/top1")]
+    assert values[-1] == pytest.approx(json.loads((out / "results.json").read_text())["val/top1"], rel=1e-5)
+    # the finished run's hparams: the keys changed from the defaults, not the ones that only observe the run
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer as PluginMux
+
+    pmux = PluginMux().AddRunsFromDirectory(str(out))
+    pmux.Reload()
+    start = pmux.PluginRunToTagToContent("hparams")["."]["_hparams_/session_start_info"]
+    assert b"MODEL.NAME" in start and b"resnet10t" in start and b"LOG.PERIOD" not in start
+    assert "hparam/val/top1" in tags
+
+
+def test_config_yaml_reloads_identically(digits_run):
+    out, _ = digits_run
+    r = run_tool("train.py", ["--cfg", str(out / "config.yaml"), "--print-config"])
+    assert r.returncode == 0
+    assert r.stdout == (out / "config.yaml").read_text()
+
+
+def test_eval_tool_matches_results(digits_run):
+    out, _ = digits_run
+    last = str(out / "checkpoints" / "last.pth")
+    r = run_tool("eval.py", ["--cfg", str(out / "config.yaml"), "MODEL.CHECKPOINT", last])
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    res = json.loads((out / "results.json").read_text())
+    assert got["val/count"] == 360 and got["val/top1"] == pytest.approx(res["val/top1"], abs=1e-9)
+
+
+def test_rerun_of_finished_run_does_not_train(digits_run):
+    out, _ = digits_run
+    before = (out / "metrics.jsonl").read_text()
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "TRAIN.EPOCHS", "2", "OUTPUT_DIR", str(out)])
+    assert r.returncode == 0 and "already done" in r.stdout
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_synthetic_run(tmp_path):
+    r = run_tool("train.py", ["DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", "64", "DATA.BATCH_SIZE", "16",
+                              "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "TRAIN.EPOCHS", "1",
+                              "LOG.PERIOD", "2", "OUTPUT_DIR", str(tmp_path)])
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["step"] == 4 and res["status"] == "done"
+
+
+def test_folder_run_from_png_tree(tmp_path):
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    for i, (img, label) in enumerate(zip(d.images[:200], d.target[:200], strict=True)):
+        split = "val" if i % 4 == 0 else "train"
+        folder = tmp_path / "data" / split / f"digit{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((img * 15.9).astype("uint8")).resize((20, 20)).save(folder / f"{i}.png")
+    out = tmp_path / "out"
+    r = run_tool("train.py", ["DATA.NAME", "folder", "DATA.ROOT", str(tmp_path / "data"), "MODEL.NAME", "resnet10t",
+                              "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "16", "TRAIN.EPOCHS", "1", "LOG.PERIOD", "3",
+                              "DATA.NUM_WORKERS", "0", "AUG.HFLIP", "0", "OUTPUT_DIR", str(out)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["step"] == 150 // 16
+    val = [row for row in read_jsonl(out / "metrics.jsonl") if "val/count" in row]
+    assert val[-1]["val/count"] == 50
+    class_map = json.loads((out / "class_map.json").read_text())
+    assert sorted(class_map.values()) == [f"digit{i}" for i in range(10)]
+
+
+def test_nan_loss_exits_3_and_saves_nothing_nonfinite(tmp_path):
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "TRAIN.LR", "1e30", "CHECKPOINT.PERIOD", "1",
+                              "OUTPUT_DIR", str(tmp_path)])
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "non-finite at step" in r.stderr and "Traceback" not in r.stderr
+    for f in (tmp_path / "checkpoints").glob("step_*.pth"):
+        state = torch.load(f, weights_only=True)
+        assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    assert json.loads((tmp_path / "run.json").read_text())["status"] == "nonfinite"
+
+
+def test_pretrained_not_on_disk_is_exit_2(tmp_path):
+    r = run_tool("train.py", ["--cfg", DIGITS, "MODEL.PRETRAINED", "true", "OUTPUT_DIR", str(tmp_path)],
+                 env=dict(run_tool.__globals__["env"](), HF_HOME=str(tmp_path / "hf")))
+    assert r.returncode == 2 and "MODEL.CHECKPOINT" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_unknown_model_is_exit_2(tmp_path):
+    r = run_tool("train.py", ["--cfg", DIGITS, "MODEL.NAME", "resnet181", "OUTPUT_DIR", str(tmp_path)])
+    assert r.returncode == 2 and "resnet18" in r.stderr and len(r.stderr.strip().splitlines()) == 1

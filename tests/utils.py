@@ -1,0 +1,38 @@
+"""Helpers for tests that drive the real command-line tools in subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = str(ROOT / "tools" / "train.py")
+
+# A tiny, quick digits run: 16 px, a small ResNet, one short epoch.
+TINY = ["MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "64", "TRAIN.EPOCHS", "1",
+        "LOG.PERIOD", "5", "TRAIN.LR", "0.05", "DATA.NUM_WORKERS", "0"]
+
+
+def env(**extra: str) -> dict:
+    """The test environment: few threads so two processes share two cores, no terminal progress bar."""
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    e.update(extra)
+    return e
+
+
+def run_tool(tool: str, args: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """Run tools/<tool> with the venv's python; capture text output."""
+    return subprocess.run([sys.executable, str(ROOT / "tools" / tool), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=kw.pop("env", env()), **kw)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every line of a metrics.jsonl."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def torchrun(args: list[str]) -> list[str]:
+    """The argv prefix to launch tools under torchrun with this interpreter."""
+    return [sys.executable, "-m", "torch.distributed.run", *args]
