@@ -29,6 +29,17 @@ class Preempted(Exception):
     exit_code = EXIT_PREEMPTED
 
 
+def one_line(message: str) -> str:
+    """The message itself, also when a DataLoader worker re-raised it wrapped in its traceback text."""
+    if "Original Traceback" not in message:
+        return message
+    last = message.strip().splitlines()[-1]
+    for prefix in ("runner.errors.UserError: ", "UserError: "):
+        if last.startswith(prefix):
+            return last[len(prefix):]
+    return last
+
+
 def cli(main: Callable[..., int | None]) -> Callable[..., None]:
     """Run `main`, turning user mistakes into one stderr line and a non-zero exit."""
 
@@ -37,7 +48,8 @@ def cli(main: Callable[..., int | None]) -> Callable[..., None]:
         try:
             code = main(*args, **kwargs)
         except (UserError, NonFiniteLoss, Preempted) as e:
-            print(f"error: {e}" if isinstance(e, UserError) else str(e), file=sys.stderr, flush=True)
+            text = one_line(str(e))
+            print(f"error: {text}" if isinstance(e, UserError) else text, file=sys.stderr, flush=True)
             sys.exit(e.exit_code)
         sys.exit(code or 0)
 

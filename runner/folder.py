@@ -493,19 +493,19 @@ def export_digits_jpegs(root: str | Path, size: int = 224, per_class: int | None
 
     `per_class` keeps that many images of each digit (before the split); None keeps all 1,797.
     """
-    from sklearn.datasets import load_digits
+    from runner.data import read_digits
 
     root = Path(root)
-    digits = load_digits()
+    images, labels = read_digits()
     rng = np.random.default_rng(seed)
     for label in range(10):
-        idx = rng.permutation(np.flatnonzero(digits.target == label))[:per_class]
+        idx = rng.permutation(np.flatnonzero(labels == label))[:per_class]
         n_val = max(1, int(round(len(idx) * val_fraction)))
         for split, part in (("val", idx[:n_val]), ("train", idx[n_val:])):
             out = root / split / str(label)
             out.mkdir(parents=True, exist_ok=True)
             for i in part:
-                pixels = (digits.images[i] * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
+                pixels = (images[i] * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
                 img = Image.fromarray(pixels, "L").resize((size, size), Image.BILINEAR).convert("RGB")
                 img.save(out / f"{i:04d}.jpg", quality=quality)
     return root

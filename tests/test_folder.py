@@ -399,7 +399,5 @@ def test_training_stops_when_files_go_bad_past_budget_at_run_time(run_time_failu
     assert "DATA.BAD_FILE_BUDGET" in run_time_failure.stderr
 
 
-@pytest.mark.xfail(reason="the UserError raised in a DataLoader worker reaches the CLI wrapped in the worker's "
-                          "traceback text; the lead maps it to its last line (engine or runner.errors)")
 def test_run_time_budget_error_is_one_line(run_time_failure):
     assert run_time_failure.stderr.strip().count("\n") == 0, run_time_failure.stderr
