@@ -9,6 +9,8 @@ Exit codes: 0 done (also: the run was already done), 2 a mistake in the config o
 """
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from runner.errors import cli
 @cli
 def main(argv: list[str] | None = None) -> int:
     """Load the config; skip a finished run before importing anything heavy; train."""
-    parser = build_parser(description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    parser = build_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cfg, info = load_config(argv, parser)
     if handle_info_flags(cfg, info):
         return 0
@@ -29,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
 
     done = finished_run(cfg)
     if done is not None:
-        print(f"{cfg.OUTPUT_DIR}: already done (val/top1 {done.get('val/top1')}, step {done.get('step')}); "
-              "nothing to train", flush=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank gets here; one says so
+            print(f"{cfg.OUTPUT_DIR}: already done (val/top1 {done.get('val/top1')}, step {done.get('step')}); "
+                  "nothing to train", flush=True)
         return 0
     from runner.engine import train
 
