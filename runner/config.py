@@ -54,7 +54,7 @@ _C.MODEL.CHANNELS_LAST = False
 _C.MODEL.COMPILE = False
 # torch.compile mode: default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
 _C.MODEL.COMPILE_MODE = "default"
-# Convert BatchNorm to SyncBatchNorm when training on several processes
+# Convert BatchNorm to SyncBatchNorm when training on several processes (CUDA only: torch has no CPU SyncBN)
 _C.MODEL.SYNC_BN = False
 
 # ---------------------------------------------------------------------------------------------------------

@@ -81,6 +81,9 @@ def prepare_model(model: nn.Module, cfg, dist: Dist) -> tuple[nn.Module, nn.Modu
     if cfg.MODEL.CHANNELS_LAST:
         model.to(memory_format=torch.channels_last)
     if cfg.MODEL.SYNC_BN and dist.distributed:
+        if dist.device.type != "cuda":  # else DDP fails with a traceback: torch's SyncBatchNorm is GPU-only
+            raise UserError("MODEL.SYNC_BN needs CUDA devices (torch's SyncBatchNorm does not run on CPU); "
+                            "set MODEL.SYNC_BN false, or use a model without BatchNorm")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     bare = model
     if dist.distributed:
