@@ -16,6 +16,7 @@ from runner.errors import UserError
 log = logging.getLogger("runner")
 
 STEP_RE = re.compile(r"^step_(\d+)\.pth$")
+TMP_RE = re.compile(r"^\..+\.tmp\.(\d+)$")  # atomic_save's temporary files: .<name>.tmp.<pid>
 
 
 def ckpt_dir(output_dir: str | os.PathLike) -> Path:
@@ -85,7 +86,16 @@ def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep:
         atomic_link(path, d / "best.pth")
     for _, old in step_files(d)[max(keep, 1):]:
         old.unlink(missing_ok=True)
+    remove_stale_temps(d)
     return path
+
+
+def remove_stale_temps(directory: Path) -> None:
+    """Delete the temporary files of saves that were killed midway (the run lock makes us the only writer)."""
+    for p in directory.iterdir():
+        m = TMP_RE.match(p.name)
+        if m and int(m.group(1)) != os.getpid():
+            p.unlink(missing_ok=True)
 
 
 def load_file(path: str | os.PathLike) -> dict:

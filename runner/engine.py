@@ -98,6 +98,7 @@ class StopFlag:
         self.buf = torch.zeros(1)
         self.work = None
         self.old = {}
+        self.stopping = False
 
     def install(self) -> None:
         """SIGTERM and SIGUSR1 ask the run to finish its step, save and exit."""
@@ -111,23 +112,25 @@ class StopFlag:
     def poll(self) -> bool:
         """True once stopping is agreed; distributed runs reduce the flag one step late, asynchronously."""
         if self.group is None:
-            return self.local
-        agreed = False
+            self.stopping = self.local
+            return self.stopping
         if self.work is not None:
             self.work.wait()
-            agreed = bool(self.buf.item())
+            self.stopping = bool(self.buf.item())
         self.buf.fill_(float(self.local))
         self.work = torch.distributed.all_reduce(self.buf, op=torch.distributed.ReduceOp.MAX,
                                                  group=self.group, async_op=True)
-        return agreed
+        return self.stopping
 
     def close(self) -> None:
-        """Finish the pending reduce and restore the previous handlers."""
+        """Finish the pending reduce; restore the previous handlers, or ignore the signals when stopping on one."""
         if self.work is not None:
             self.work.wait()
             self.work = None
         for sig, old in self.old.items():
-            signal.signal(sig, old)
+            # saved and exiting: torchrun SIGTERMs the ranks still exiting once one has gone; let them exit 75
+            # (SIG_IGN, unlike a Python handler, also holds while the interpreter shuts down)
+            signal.signal(sig, signal.SIG_IGN if self.stopping else old)
         self.old.clear()
 
 
@@ -256,7 +259,8 @@ class Trainer:
         if self.ema is not None and state.get("ema") is not None:
             self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        # no scheduler.load_state_dict: the LR is a function of the config and the step (set below), and timm's
+        # saved state would bring back the old length, freezing a run extended with TRAIN.EPOCHS at its final LR
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
@@ -478,6 +482,7 @@ class Trainer:
 
     def _validate(self) -> None:
         """Evaluate the model (and its EMA) on the whole val split and log the result."""
+        self._sync_buffers()
         res = evaluate(self.bare, self.data.val, self.dist.device, self.autocast)
         scalars = {"val/top1": res["top1"], "val/top5": res["top5"], "val/loss": res["loss"],
                    "val/count": res["count"]}
@@ -492,12 +497,23 @@ class Trainer:
         log.info("eval epoch %d step %d: val/top1 %.2f val/top5 %.2f (%d images)%s", self.epoch, self.step,
                  res["top1"], res["top5"], res["count"], " best" if self.is_best else "")
 
+    def _sync_buffers(self) -> None:
+        """Give every rank rank 0's buffers (BatchNorm statistics, the EMA's too) before evaluating."""
+        # the other ranks' running statistics follow their own batches and are never saved: without this the
+        # metrics would not be those of rank 0's checkpoint, and would change when a run resumes from it
+        if not self.dist.distributed:
+            return
+        for module in [self.bare] + ([self.ema.module] if self.ema is not None else []):
+            for buf in module.buffers():
+                torch.distributed.broadcast(buf, src=0)
+
     def _save(self) -> None:
         """Atomic checkpoint on rank 0, after making sure nothing non-finite gets in."""
         self._check_finite()
         best = getattr(self, "is_best", False)
         self.is_best = False
         if self.main:
+            self.writer.flush()  # a kill after the save must not lose scalars of the steps it covers
             ckpt.save_checkpoint(self._state(), self.out, self.step, self.cfg.CHECKPOINT.KEEP, best)
 
     def _status(self, status: str, **extra) -> None:

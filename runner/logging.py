@@ -71,8 +71,8 @@ class MetricWriter:
         if cfg.LOG.TENSORBOARD:
             from torch.utils.tensorboard import SummaryWriter
 
-            # purge_step drops events a killed run wrote after its last checkpoint
-            self.tb = SummaryWriter(str(self.dir), purge_step=resume_step + 1 if resume_step else None)
+            # purge_step drops events a killed run wrote after its last checkpoint, or before its first one
+            self.tb = SummaryWriter(str(self.dir), purge_step=resume_step + 1)
         mode = cfg.LOG.PROGRESS
         if mode == "bar" or (mode == "auto" and sys.stdout.isatty()):
             from tqdm import tqdm
@@ -89,6 +89,11 @@ class MetricWriter:
         if self.tb is not None:
             for k, v in scalars.items():
                 self.tb.add_scalar(k, v, step)
+
+    def flush(self) -> None:
+        """Put every scalar written so far into the files (metrics.jsonl is flushed line by line already)."""
+        if self.tb is not None:
+            self.tb.flush()
 
     def console(self, text: str, step: int | None = None, postfix: str | None = None) -> None:
         """A progress line: the bar's postfix on a terminal, a log line otherwise."""
