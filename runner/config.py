@@ -25,7 +25,7 @@ _C = CN()
 # ---------------------------------------------------------------------------------------------------------
 # Where everything of one run goes; "" -> output/<stem of last --cfg>[-<override tag>], filled by the loader
 _C.OUTPUT_DIR = ""
-# Seed for python, numpy and torch (each rank adds its rank)
+# Seed for python, numpy and torch, the same on every rank (data order and augmentation derive from it)
 _C.SEED = 0
 # Where to run: auto (cuda when available) | cpu | cuda
 _C.DEVICE = "auto"

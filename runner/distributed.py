@@ -73,8 +73,23 @@ def setup(cfg) -> Dist:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
-    tdist.init_process_group(backend, timeout=timedelta(seconds=cfg.DIST.TIMEOUT_S), **kwargs)
+    timeout = timedelta(seconds=cfg.DIST.TIMEOUT_S)
+    store = _attempt_store(timeout)
+    if store is not None:
+        kwargs.update(store=store, rank=rank, world_size=world)
+    tdist.init_process_group(backend, timeout=timeout, **kwargs)
     return Dist(rank, world, local, device)
+
+
+def _attempt_store(timeout: timedelta):
+    """torchrun's store under a prefix of this restart attempt, or None where torchrun does not share one."""
+    # torchrun shares its rendezvous store with the workers and keeps it across --max-restarts: restarted gloo
+    # workers could read the dead workers' addresses from it and fail to connect. One namespace per attempt.
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                           timeout=timeout)
+    return tdist.PrefixStore(f"runner/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def _hint_multi_gpu() -> None:
