@@ -1,10 +1,13 @@
 """Checkpoints: atomic writes, finding the newest valid one, safe loading, RNG state capture."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import re
+import signal
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +79,30 @@ def step_files(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+@contextlib.contextmanager
+def held_sigint():
+    """Hold Ctrl-C until the block ends: a KeyboardInterrupt inside torch.save surfaces as a RuntimeError."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if got and callable(old):
+            old(signal.SIGINT, None)  # the handler it would have reached: save-and-stop, or KeyboardInterrupt
+
+
 def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep: int, best: bool) -> Path:
     """Write step_N.pth, point last.pth (and best.pth) at it, and prune to the newest `keep` step files."""
+    with held_sigint():
+        return _save_checkpoint(state, output_dir, step, keep, best)
+
+
+def _save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep: int, best: bool) -> Path:
+    """save_checkpoint's work, with Ctrl-C held."""
     d = ckpt_dir(output_dir)
     path = d / f"step_{step:08d}.pth"
     atomic_save(state, path)

@@ -252,8 +252,12 @@ def default_workers(cfg, dist: Dist) -> int:
 
 
 def _seed_worker(worker_id: int) -> None:
-    """Seed numpy and random in each worker from torch's per-worker seed (itself from the base seed)."""
+    """Seed numpy and random in each worker from torch's per-worker seed; leave Ctrl-C to the main process."""
     import random
+    import signal
+
+    # a terminal's Ctrl-C reaches the workers too: they must live on while the main process saves and exits
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     import numpy as np
 

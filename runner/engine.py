@@ -101,13 +101,18 @@ class StopFlag:
         self.stopping = False
 
     def install(self) -> None:
-        """SIGTERM and SIGUSR1 ask the run to finish its step, save and exit."""
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        """SIGTERM, SIGUSR1 and a first Ctrl-C ask the run to finish its step, save and exit."""
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             self.old[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.local = True
-        log.warning("received %s: finishing the current step, then saving and exiting", signal.Signals(signum).name)
+        again = ""
+        if signum == signal.SIGINT:  # a second Ctrl-C stops at once (KeyboardInterrupt), without saving
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            again = " (Ctrl-C again to stop at once, without saving)"
+        log.warning("received %s: finishing the current step, then saving and exiting%s",
+                    signal.Signals(signum).name, again)
 
     def poll(self) -> bool:
         """True once stopping is agreed; distributed runs reduce the flag one step late, asynchronously."""
@@ -339,9 +344,14 @@ class Trainer:
         except Preempted:
             self._status(runstate.PREEMPTED)
             raise
+        except KeyboardInterrupt:
+            self._status(runstate.INTERRUPTED)
+            log.warning("stopped at once after step %d; rerun the same command to continue from the last "
+                        "checkpoint", self.step)
+            raise
         except BaseException as e:
             self._status(runstate.FAILED, error=f"{type(e).__name__}: {e}"[:500])
-            if not isinstance(e, (UserError, KeyboardInterrupt)):
+            if not isinstance(e, UserError):
                 log.exception("rank %d failed at step %d", self.dist.rank, self.step)
             raise
         finally:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 EXIT_OK = 0
 EXIT_USER = 2  # a mistake in the config, the arguments or the data: one line on stderr
 EXIT_NONFINITE = 3  # the loss became NaN or inf; nothing non-finite was saved
-EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: state saved, rerun the same command to continue (EX_TEMPFAIL)
+EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/Ctrl-C: state saved, rerun the same command to continue (EX_TEMPFAIL)
+EXIT_INTERRUPTED = 130  # Ctrl-C twice: stopped at once; rerun to continue from the last checkpoint (128 + SIGINT)
 
 
 class UserError(Exception):
@@ -51,6 +52,9 @@ def cli(main: Callable[..., int | None]) -> Callable[..., None]:
             text = one_line(str(e))
             print(f"error: {text}" if isinstance(e, UserError) else text, file=sys.stderr, flush=True)
             sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr, flush=True)
+            sys.exit(EXIT_INTERRUPTED)
         sys.exit(code or 0)
 
     return wrapper

@@ -14,8 +14,8 @@ from pathlib import Path
 from runner.errors import UserError
 
 # OUTPUT_DIR/run.json "status" values; results.json exists only for "done".
-RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED = (
-    "running", "done", "failed", "preempted", "nonfinite", "profiled")
+RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED = (
+    "running", "done", "failed", "preempted", "nonfinite", "profiled", "interrupted")
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:

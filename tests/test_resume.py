@@ -514,3 +514,37 @@ def test_ddp_sigusr1_on_one_rank_stops_every_rank(ddp_interrupted):
     # torchrun's summary: both workers exited 75 (torchrun itself exits 1)
     assert set(re.findall(r"rank\s+: (\d) \(local_rank.*\n\s+exitcode\s+: 75\b", info["stderr"])) == {"0", "1"}
     assert info["rc"] == 1
+
+
+# ---- Ctrl-C -------------------------------------------------------------------------------------------------
+CTRL_C = ["--cfg", DIGITS, "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "TRAIN.EPOCHS", "2",
+          "DATA.NUM_WORKERS", "0", "LOG.PERIOD", "1", "LOG.PROGRESS", "plain"]
+
+
+def test_ctrl_c_once_saves_and_exits_75(tmp_path):
+    """A first Ctrl-C behaves like SIGTERM: the step finishes, is saved, exit 75, status preempted."""
+    job = Launch([sys.executable, TRAIN, *CTRL_C, "OUTPUT_DIR", str(tmp_path / "run")], tmp_path, "once")
+    job.wait_step(3)
+    job.p.send_signal(signal.SIGINT)
+    assert job.finish(60) == EXIT_PREEMPTED, job.stderr
+    status = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert status["status"] == "preempted" and status["step"] >= 3
+    assert ckpt_step(tmp_path / "run" / "checkpoints" / "last.pth") == status["step"]
+    assert "Ctrl-C again to stop at once" in job.stdout and "Traceback" not in job.stderr
+
+
+def test_ctrl_c_twice_stops_at_once_with_one_line(tmp_path):
+    """A second Ctrl-C stops without saving: exit 130, one stderr line, status interrupted, resumable."""
+    out = tmp_path / "run"
+    slow = ["DATA.IMG_SIZE", "96", "CHECKPOINT.PERIOD", "1"]  # steps of about a second: time for the second
+    job = Launch([sys.executable, TRAIN, *CTRL_C, *slow, "OUTPUT_DIR", str(out)], tmp_path, "twice")
+    job.wait_step(2)  # step 1 is saved
+    job.p.send_signal(signal.SIGINT)
+    job.wait_for(re.compile("Ctrl-C again"))  # the first is handled: the second now stops at once
+    job.p.send_signal(signal.SIGINT)
+    assert job.finish(60) == 130, job.stderr
+    assert job.stderr.strip() == "interrupted" and "Traceback" not in job.stdout
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    assert_checkpoints_load(out)
+    r = run_tool("train.py", [*CTRL_C, *slow, "TRAIN.MAX_STEPS", "3", "OUTPUT_DIR", str(out)])
+    assert r.returncode == 0 and RESUMED.search(r.stdout), r.stdout[-2000:] + r.stderr

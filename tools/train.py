@@ -5,7 +5,8 @@
     torchrun --standalone --nproc_per_node=N tools/train.py --cfg ... [KEY VALUE ...]
 
 Exit codes: 0 done (also: the run was already done), 2 a mistake in the config or arguments,
-3 the loss became non-finite, 75 preempted by SIGTERM/SIGUSR1 (state saved: rerun the same command).
+3 the loss became non-finite, 75 preempted by SIGTERM/SIGUSR1/a first Ctrl-C (state saved: rerun the same
+command), 130 Ctrl-C twice (stopped at once: rerun to continue from the last checkpoint).
 """
 from __future__ import annotations
 
