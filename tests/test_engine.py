@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -142,3 +143,28 @@ def test_pretrained_not_on_disk_is_exit_2(tmp_path):
 def test_unknown_model_is_exit_2(tmp_path):
     r = run_tool("train.py", ["--cfg", DIGITS, "MODEL.NAME", "resnet181", "OUTPUT_DIR", str(tmp_path)])
     assert r.returncode == 2 and "resnet18" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_busy_output_dir_is_refused_and_left_alone(tmp_path):
+    from runner.runstate import RunLock
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "epoch": 1}\n')
+    lock = RunLock(str(tmp_path))
+    lock.acquire()  # as a running job would hold it
+    try:
+        r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(tmp_path)])
+    finally:
+        lock.release()
+    assert r.returncode == 2 and "in use by a running job" in r.stderr and f"pid {os.getpid()}" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "epoch": 1}\n'
+    assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def test_progress_bar_when_asked(tmp_path):
+    r = run_tool("train.py", ["DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", "64", "DATA.BATCH_SIZE", "16",
+                              "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "TRAIN.EPOCHS", "1",
+                              "LOG.PERIOD", "1", "LOG.PROGRESS", "bar", "OUTPUT_DIR", str(tmp_path)])
+    assert r.returncode == 0, r.stderr
+    assert "4/4" in r.stderr and ("step/s" in r.stderr or "s/step" in r.stderr)
+    assert " step 4/4 loss" not in r.stdout  # the bar replaces the plain lines
