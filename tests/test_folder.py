@@ -37,12 +37,7 @@ def make_cfg(root: Path | str, **overrides) -> object:
     """A frozen default config for DATA.NAME folder at `root`, 32 px, with dotted-key overrides."""
     cfg = get_default_config()
     cfg.DATA.NAME, cfg.DATA.ROOT, cfg.DATA.IMG_SIZE = "folder", str(root) if root else "", 32
-    for key, value in overrides.items():
-        node = cfg
-        *parents, leaf = key.split("__")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    cfg.merge_from_list([x for key, value in overrides.items() for x in (key.replace("__", "."), value)])
     cfg.freeze()
     return cfg
 

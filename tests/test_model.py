@@ -18,12 +18,7 @@ def tiny_cfg(**overrides):
     cfg.DATA.BATCH_SIZE = 8
     cfg.DATA.IMG_SIZE = 32
     cfg.OUTPUT_DIR = "/nonexistent-not-written"
-    for key, value in overrides.items():
-        node = cfg
-        *path, leaf = key.split(".")
-        for p in path:
-            node = node[p]
-        node[leaf] = value
+    cfg.merge_from_list([x for pair in overrides.items() for x in pair])
     cfg.freeze()
     return cfg
 

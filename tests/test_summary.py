@@ -27,12 +27,7 @@ def make_run(folder: Path, overrides: dict | None = None, results: dict | None =
     folder.mkdir(parents=True)
     cfg = get_default_config()
     cfg.OUTPUT_DIR = str(folder)
-    for key, value in (overrides or {}).items():
-        node = cfg
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    cfg.merge_from_list([x for pair in (overrides or {}).items() for x in pair])
     (folder / "config.yaml").write_text(cfg.dump())
     if results is not None:
         (folder / "results.json").write_text(json.dumps(results, indent=2))
