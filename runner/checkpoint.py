@@ -19,7 +19,7 @@ from runner.errors import UserError
 log = logging.getLogger("runner")
 
 STEP_RE = re.compile(r"^step_(\d+)\.pth$")
-TMP_RE = re.compile(r"^\..+\.tmp\.(\d+)$")  # atomic_save's temporary files: .<name>.tmp.<pid>
+TMP_RE = re.compile(r"^\..+\.tmp\.(\d+)$")  # what temp_name gives: .<name>.tmp.<pid>
 
 
 def ckpt_dir(output_dir: str | os.PathLike) -> Path:
@@ -39,11 +39,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def temp_name(path: Path) -> Path:
+    """The temporary file beside `path` that this process writes before renaming it onto `path`."""
+    return path.with_name(f".{path.name}.tmp.{os.getpid()}")
+
+
 def atomic_save(obj: dict, path: str | os.PathLike) -> None:
     """torch.save to a temporary file in the same folder, fsync, then os.replace onto `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp = temp_name(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -58,7 +63,7 @@ def atomic_save(obj: dict, path: str | os.PathLike) -> None:
 
 def atomic_link(src: Path, dst: Path) -> None:
     """Point `dst` at the file `src` atomically (hard link, or a copy where links are unsupported)."""
-    tmp = dst.with_name(f".{dst.name}.tmp.{os.getpid()}")
+    tmp = temp_name(dst)
     if tmp.exists():
         tmp.unlink()
     try:
@@ -97,21 +102,16 @@ def held_sigint():
 
 def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep: int, best: bool) -> Path:
     """Write step_N.pth, point last.pth (and best.pth) at it, and prune to the newest `keep` step files."""
-    with held_sigint():
-        return _save_checkpoint(state, output_dir, step, keep, best)
-
-
-def _save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep: int, best: bool) -> Path:
-    """save_checkpoint's work, with Ctrl-C held."""
     d = ckpt_dir(output_dir)
     path = d / f"step_{step:08d}.pth"
-    atomic_save(state, path)
-    atomic_link(path, d / "last.pth")
-    if best:
-        atomic_link(path, d / "best.pth")
-    for _, old in step_files(d)[max(keep, 1):]:
-        old.unlink(missing_ok=True)
-    remove_stale_temps(d)
+    with held_sigint():
+        atomic_save(state, path)
+        atomic_link(path, d / "last.pth")
+        if best:
+            atomic_link(path, d / "best.pth")
+        for _, old in step_files(d)[max(keep, 1):]:
+            old.unlink(missing_ok=True)
+        remove_stale_temps(d)
     return path
 
 
