@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from utils import ROOT, TRAIN, env, read_jsonl, run_tool, torchrun
+from utils import ROOT, TRAIN, env, is_alive, proc_env, proc_stat, read_jsonl, run_tool, torchrun
 
 from runner.config import get_default_config
 from runner.data import DeviceLoader, load_digits_tensors, shard
@@ -62,19 +62,11 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float = 150) -> str:
     return log.read_text()
 
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state is [0], ppid [1]); None if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-
-
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid` (torchrun starts its workers in new sessions, so not by group)."""
     children: dict[int, list[int]] = {}
     for p in Path("/proc").iterdir():
-        if p.name.isdigit() and (st := _stat(int(p.name))) is not None:
+        if p.name.isdigit() and (st := proc_stat(int(p.name))) is not None:
             children.setdefault(int(st[1]), []).append(int(p.name))
     found, todo = [], [pid]
     while todo:
@@ -82,12 +74,6 @@ def descendants(pid: int) -> list[int]:
         found += kids
         todo += kids
     return found
-
-
-def proc_env(pid: int) -> dict[str, str]:
-    """The environment a process was started with."""
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
 
 
 def alive_with(text: str) -> list[int]:
@@ -100,8 +86,7 @@ def alive_with(text: str) -> list[int]:
             cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (FileNotFoundError, ProcessLookupError):
             continue
-        st = _stat(int(p.name))
-        if text in cmd and st is not None and st[0] != "Z":
+        if text in cmd and is_alive(int(p.name)):
             pids.append(int(p.name))
     return pids
 

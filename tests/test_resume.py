@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from utils import ROOT, TRAIN, env, read_jsonl, run_tool, torchrun
+from utils import ROOT, TRAIN, env, is_alive, proc_env, read_jsonl, run_tool, torchrun
 
 from runner.checkpoint import STEP_RE, TMP_RE, atomic_save, save_checkpoint
 
@@ -97,7 +97,7 @@ class Launch:
     def worker(self, rank: int) -> int:
         """The pid of torchrun's worker with this RANK."""
         for pid in self.children():
-            if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if proc_env(pid).get("RANK") == str(rank):
                 return pid
         raise AssertionError(f"no worker with RANK={rank}")
 
@@ -109,16 +109,8 @@ class Launch:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(g, signal.SIGKILL)
         self.p.wait(30)
-        while any(_alive(pid) for pid in groups[1:]):  # not our children: wait until they are gone
+        while any(is_alive(pid) for pid in groups[1:]):  # not our children: wait until they are gone
             time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    """True while a process exists and is not a zombie."""
-    try:
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
 
 
 def assert_checkpoints_load(out: Path) -> None:

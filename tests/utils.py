@@ -36,3 +36,23 @@ def read_jsonl(path: Path) -> list[dict]:
 def torchrun(args: list[str]) -> list[str]:
     """The argv prefix to launch tools under torchrun with this interpreter."""
     return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state is [0], ppid [1]); None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def is_alive(pid: int) -> bool:
+    """True while a process exists and is not a zombie."""
+    st = proc_stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def proc_env(pid: int) -> dict[str, str]:
+    """The environment a process was started with."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
