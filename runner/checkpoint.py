@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from runner.errors import UserError
+from runner.runstate import temp_name
 
 log = logging.getLogger("runner")
 
@@ -37,11 +38,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def temp_name(path: Path) -> Path:
-    """The temporary file beside `path` that this process writes before renaming it onto `path`."""
-    return path.with_name(f".{path.name}.tmp.{os.getpid()}")
 
 
 def atomic_save(obj: dict, path: str | os.PathLike) -> None:

@@ -18,9 +18,14 @@ RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED = (
     "running", "done", "failed", "preempted", "nonfinite", "profiled", "interrupted")
 
 
+def temp_name(path: Path) -> Path:
+    """The temporary file beside `path` that this process writes before renaming it onto `path`."""
+    return path.with_name(f".{path.name}.tmp.{os.getpid()}")
+
+
 def write_json_atomic(path: Path, obj: dict) -> None:
     """Write JSON to a temporary file and rename it over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp = temp_name(path)
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
     os.replace(tmp, path)
 
