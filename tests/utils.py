@@ -56,3 +56,24 @@ def proc_env(pid: int) -> dict[str, str]:
     """The environment a process was started with."""
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    """A user mistake's contract: exit 2, exactly one line on stderr, no traceback; returns that line.
+
+    With MISTAKES_LOG set, each call also appends a JSON row (test, exit code, stderr lines, traceback seen)
+    to that file first, so that benchmarks/mistakes_table.py can print the table of every bad input tried.
+    """
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    traceback = "Traceback" in proc.stderr or "Traceback" in proc.stdout
+    if os.environ.get("MISTAKES_LOG"):
+        row = {"test": os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0], "rc": proc.returncode,
+               "stderr_lines": len(lines), "traceback": traceback, "line": lines[-1] if lines else ""}
+        with open(os.environ["MISTAKES_LOG"], "a") as f:
+            f.write(json.dumps(row) + "\n")
+    assert proc.returncode == 2, f"exit {proc.returncode}, stderr:\n{proc.stderr[-3000:]}"
+    assert not traceback, proc.stderr[-3000:]
+    assert len(lines) == 1, f"{len(lines)} stderr lines:\n{proc.stderr[-3000:]}"
+    for fragment in fragments:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    return lines[0]
