@@ -25,7 +25,7 @@ from runner import checkpoint as ckpt
 from runner import distributed, runstate
 from runner.data import build_data
 from runner.errors import NonFiniteLoss, Preempted, UserError
-from runner.logging import MetricWriter, setup_logging
+from runner.logging import MetricWriter, run_hparams, setup_logging
 from runner.model import build_model, prepare_model
 from runner.optim import build_optimizer, build_scheduler
 
@@ -142,9 +142,13 @@ class StopFlag:
 class Trainer:
     """Owns the run's runtime state; the config stays frozen and is only read."""
 
-    def __init__(self, cfg, write_files: bool = True):
-        """Set up everything; with write_files False (benchmarks) nothing is locked, resumed or written."""
+    def __init__(self, cfg, write_files: bool = True, hparam_keys: list[str] | None = None):
+        """Set up everything; with write_files False (benchmarks) nothing is locked, resumed or written.
+
+        `hparam_keys`: the keys set on the command line (a sweep's swept keys), for TensorBoard's HParams tab.
+        """
         self.cfg = cfg
+        self.hparam_keys = list(hparam_keys or [])
         self.t_start = time.time()
         self.dist = distributed.setup(cfg)
         self.out = Path(cfg.OUTPUT_DIR)
@@ -533,8 +537,6 @@ class Trainer:
 
     def _finish(self) -> dict:
         """results.json, TensorBoard hparams, status done."""
-        from runner.config import RESUME_SAFE_KEYS, changed_from_defaults
-
         imgs, secs = self.throughput
         results = {
             "status": runstate.DONE,
@@ -556,8 +558,7 @@ class Trainer:
         if self.main:
             metrics = {k: v for k, v in results.items() if k.startswith(("val", "best/val")) and v is not None}
             if getattr(self, "writer", None) is not None:
-                hparams = {k: v for k, v in changed_from_defaults(self.cfg).items() if k not in RESUME_SAFE_KEYS}
-                self.writer.hparams(hparams, metrics)
+                self.writer.hparams(run_hparams(self.cfg, self.hparam_keys), metrics)
             runstate.write_json_atomic(self.out / "results.json", results)
             self._status(runstate.DONE)
         log.info("done: val/top1 %s val/top5 %s (best %.2f at epoch %d), %d steps, %.1fs",
@@ -576,9 +577,9 @@ def _fmt(v) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
 
-def train(cfg) -> dict:
-    """Train and evaluate as `cfg` says; the library's entry point."""
-    trainer = Trainer(cfg)
+def train(cfg, hparam_keys: list[str] | None = None) -> dict:
+    """Train and evaluate as `cfg` says; the library's entry point (hparam_keys: see Trainer)."""
+    trainer = Trainer(cfg, hparam_keys=hparam_keys)
     try:
         return trainer.train()
     finally:

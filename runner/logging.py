@@ -48,6 +48,13 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
     os.replace(tmp, path)
 
 
+def run_hparams(cfg, keys: list[str]) -> dict:
+    """The config keys shown in TensorBoard's HParams tab: those that change the run and differ from the defaults."""
+    from runner.config import RESUME_SAFE_KEYS, changed_from_defaults
+
+    return {k: v for k, v in changed_from_defaults(cfg).items() if k not in RESUME_SAFE_KEYS}
+
+
 def _fmt_eta(seconds: float) -> str:
     """h:mm:ss."""
     s = int(max(seconds, 0))

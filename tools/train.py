@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from runner.engine import train
 
-    train(cfg)
+    train(cfg, hparam_keys=[key for key, _ in info.overrides])
     return 0
 
 
