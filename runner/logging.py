@@ -48,11 +48,56 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
     os.replace(tmp, path)
 
 
-def run_hparams(cfg, keys: list[str]) -> dict:
-    """The config keys shown in TensorBoard's HParams tab: those that change the run and differ from the defaults."""
-    from runner.config import RESUME_SAFE_KEYS, changed_from_defaults
+# Resume-safe keys that the HParams tab still shows: a run may be extended with a new value, but the value
+# changes what the run learned (the other resume-safe keys only observe it: logging, workers, checkpoints)
+LENGTH_KEYS = frozenset(["TRAIN.EPOCHS", "TRAIN.MAX_STEPS"])
 
-    return {k: v for k, v in changed_from_defaults(cfg).items() if k not in RESUME_SAFE_KEYS}
+
+def _observe_only(key: str) -> bool:
+    """True for a key that never changes what a run learns (runner.config.RESUME_SAFE_KEYS, less the length)."""
+    from runner.config import RESUME_SAFE_KEYS
+
+    return key in RESUME_SAFE_KEYS and key not in LENGTH_KEYS
+
+
+def run_hparams(cfg, keys: list[str]) -> dict:
+    """The config keys shown in TensorBoard's HParams tab, with the run's values.
+
+    The keys set on the command line (a sweep's swept keys), in order, even where a value equals the default:
+    TensorBoard builds its table from one run's key list, so every point of a sweep must write the same one.
+    Without such keys (a plain run), the keys that differ from the defaults; without those, MODEL.NAME.
+    """
+    from runner.config import changed_from_defaults
+
+    chosen = [k for k in dict.fromkeys(keys) if not _observe_only(k) and _lookup(cfg, k) is not None]
+    if not chosen:
+        chosen = [k for k in changed_from_defaults(cfg) if not _observe_only(k)] or ["MODEL.NAME"]
+    return {k: _hparam_value(_lookup(cfg, k)) for k in chosen}
+
+
+def _lookup(cfg, key: str):
+    """The value of a dotted key in a yacs config; None for a key it does not have."""
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _hparam_value(value) -> int | float | str:
+    """A value TensorBoard's HParams can hold: numbers as they are, everything else as text."""
+    if isinstance(value, bool):  # torch's summary.hparams would store a bool as the number 0 or 1
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+# Scalars kept in metrics.jsonl but not plotted: a count is not a curve worth a chart
+NOT_PLOTTED = ("/count",)
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -95,7 +140,8 @@ class MetricWriter:
         self.jsonl.flush()
         if self.tb is not None:
             for k, v in scalars.items():
-                self.tb.add_scalar(k, v, step)
+                if not k.endswith(NOT_PLOTTED):
+                    self.tb.add_scalar(k, v, step)
 
     def flush(self) -> None:
         """Put every scalar written so far into the files (metrics.jsonl is flushed line by line already)."""
@@ -118,12 +164,23 @@ class MetricWriter:
         return _fmt_eta((self.total_steps - step) * elapsed / done) if done > 0 else "?"
 
     def hparams(self, hparams: dict, metrics: dict) -> None:
-        """The run's changed config keys and final metrics for TensorBoard's HParams tab."""
+        """The run's keys (see run_hparams) for TensorBoard's HParams tab, with the val scalars as its metrics.
+
+        Written into the run's own event file: the tab then shows each metric's last value from the run's
+        `val/*` curves. SummaryWriter.add_hparams is not used because it writes a one-point `hparam/*` chart
+        per metric (crowding the Scalars page) from a second writer. The best values (`best/*`, no curve of
+        their own) stay in results.json and the sweep table.
+        """
         if self.tb is None:
             return
-        hp = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
-        hp = hp or {"config": "defaults"}
-        self.tb.add_hparams(hp, {f"hparam/{k}": v for k, v in metrics.items()}, run_name=".")
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        hp = {k: _hparam_value(v) for k, v in hparams.items()} or {"config": "defaults"}
+        tags = {k: v for k, v in metrics.items() if not k.startswith("best/") and not k.endswith(NOT_PLOTTED)}
+        writer = self.tb._get_file_writer()
+        for summary in hparams_summaries(hp, tags):  # the experiment, the session start and its end
+            writer.add_summary(summary)
+        writer.flush()
 
     def close(self) -> None:
         """Flush and close every sink."""
