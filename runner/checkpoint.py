@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from runner.errors import UserError
-from runner.runstate import temp_name
+from runner.fsutil import atomic_write, fsync_dir, temp_name
 
 log = logging.getLogger("runner")
 
@@ -28,48 +28,27 @@ def ckpt_dir(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename durable (POSIX); harmless where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_save(obj: dict, path: str | os.PathLike) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then os.replace onto `path`."""
+def atomic_save(obj: dict, path: str | os.PathLike, intact: str = "") -> None:
+    """torch.save through the one atomic writer (temporary file, fsync, rename; a full disk is one line)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
+    atomic_write(path, lambda f: torch.save(obj, f), intact)
 
 
 def atomic_link(src: Path, dst: Path) -> None:
     """Point `dst` at the file `src` atomically (hard link, or a copy where links are unsupported)."""
     tmp = temp_name(dst)
-    if tmp.exists():
-        tmp.unlink()
+    tmp.unlink(missing_ok=True)
     try:
-        os.link(src, tmp)
-    except OSError:
-        import shutil
-
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
-    _fsync_dir(dst.parent)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            atomic_write(dst, src.read_bytes())
+            return
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(dst.parent)
 
 
 def step_files(directory: Path) -> list[tuple[int, Path]]:
@@ -100,15 +79,37 @@ def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep:
     """Write step_N.pth, point last.pth (and best.pth) at it, and prune to the newest `keep` step files."""
     d = ckpt_dir(output_dir)
     path = d / f"step_{step:08d}.pth"
+    previous = step_files(d)
+    intact = (f"the previous checkpoint ({d / 'last.pth'}, step {previous[0][0]})" if previous
+              else "no earlier checkpoint exists; nothing was lost")
     with held_sigint():
-        atomic_save(state, path)
+        atomic_save(state, path, intact)
+        if not _looks_whole(path):  # never let pruning leave a damaged file as the only checkpoint
+            raise RuntimeError(f"checkpoint {path} was written but does not read back as a torch file")
         atomic_link(path, d / "last.pth")
         if best:
             atomic_link(path, d / "best.pth")
-        for _, old in step_files(d)[max(keep, 1):]:
-            old.unlink(missing_ok=True)
+        prune(d, step, keep)
         remove_stale_temps(d)
     return path
+
+
+def _looks_whole(path: Path) -> bool:
+    """A cheap read-back: torch's zip archive opens and lists its entries (no tensor is loaded)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(name.endswith("data.pkl") for name in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def prune(directory: Path, step: int, keep: int) -> None:
+    """Remove the oldest step files beyond `keep`, counting only those up to `step` (never a newer file)."""
+    ours = [(s, p) for s, p in step_files(directory) if s <= step]
+    for _, old in ours[max(keep, 1):]:
+        old.unlink(missing_ok=True)
 
 
 def remove_stale_temps(directory: Path) -> None:

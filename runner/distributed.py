@@ -128,3 +128,12 @@ def teardown() -> None:
     """Destroy the process group if one was started."""
     if tdist.is_available() and tdist.is_initialized():
         tdist.destroy_process_group()
+
+
+def broadcast_object(obj, group=None):
+    """Rank 0's `obj` on every rank (a small picklable verdict, sent over a CPU group); identity alone."""
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return obj
+    box = [obj]
+    tdist.broadcast_object_list(box, src=0, group=group if group is not None else control_group())
+    return box[0]

@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from runner import checkpoint as ckpt
 from runner import distributed, runstate
 from runner.data import build_data
-from runner.errors import NonFiniteLoss, Preempted, UserError
-from runner.logging import MetricWriter, run_hparams, setup_logging
+from runner.errors import NonFiniteLoss, Preempted, UserError, one_line
+from runner.fsutil import atomic_write
+from runner.logging import MetricWriter, log_to_file, run_hparams, setup_logging
 from runner.model import build_model, prepare_model
 from runner.optim import build_optimizer, build_scheduler
 
@@ -153,16 +154,53 @@ class Trainer:
         self.dist = distributed.setup(cfg)
         self.out = Path(cfg.OUTPUT_DIR)
         self.main = self.dist.is_main
-        setup_logging(str(self.out) if self.main and write_files else None, self.dist.rank)
         self.lock = runstate.RunLock(str(self.out))
-        if self.main and write_files:
-            self.lock.acquire()
-        configure_backends(cfg, self.dist.device)
-        set_seeds(cfg.SEED)
-        self._build()
-        if write_files:
-            self._resume()
-            self._write_run_files()
+        self.claimed = False  # True once rank 0 holds the lock and has marked the folder as this run's
+        self.done = self._claim_output_dir() if write_files else None  # a finished run's (results, why)
+        if self.done is not None:
+            return
+        setup_logging(str(self.out) if self.main and write_files else None, self.dist.rank)
+        try:
+            configure_backends(cfg, self.dist.device)
+            set_seeds(cfg.SEED)
+            self._build()
+            if write_files:
+                self._resume()
+                if self.done is None:
+                    self._write_run_files()
+        except BaseException as e:
+            self._record_failure(e, "during setup")
+            raise
+
+    def _claim_output_dir(self) -> tuple[dict, str] | None:
+        """Rank 0 checks OUTPUT_DIR, locks it and marks it as this run's; every rank learns the verdict."""
+        verdict: tuple = ("go", None)
+        if self.main:
+            try:
+                runstate.check_output_dir(self.cfg)  # again: the folder may have changed since tools/train.py
+                self.lock.acquire()
+                done = runstate.finished_run(self.cfg)  # under the lock: no other job is writing results now
+                if done is None:
+                    runstate.write_status(str(self.out), runstate.RUNNING)
+                    self.claimed = True
+                verdict = ("go", None) if done is None else ("done", done)
+            except UserError as e:
+                verdict = ("error", str(e))
+        kind, payload = distributed.broadcast_object(verdict)
+        if kind == "error":
+            raise UserError(payload)
+        return payload
+
+    def _record_failure(self, e: BaseException, when: str) -> None:
+        """run.json and log.txt say why the run stopped (rank 0, once the folder is ours)."""
+        if isinstance(e, KeyboardInterrupt):
+            self._status(runstate.INTERRUPTED)
+            return
+        self._status(runstate.FAILED, error=f"{type(e).__name__}: {one_line(str(e))}"[:500])
+        if isinstance(e, UserError):
+            log_to_file(f"error {when}: {one_line(str(e))}")
+        else:
+            log.exception("rank %d failed %s", self.dist.rank, when)
 
     # ---- setup -------------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -240,6 +278,10 @@ class Trainer:
             path, state = how, ckpt.load_explicit(how)
         runstate.refuse_changed(self.cfg, state["config"], f"stored in checkpoint {path}")
         self._load_state(state)
+        results = runstate.read_json(self.out / "results.json")
+        if self.step >= self.total_steps and results and results.get("status") == runstate.DONE:
+            self.done = (results, f"it ran {self.step} steps, as many as this config asks for")
+            return
         log.info("resumed from %s: epoch %d, batch %d of the epoch, step %d", path, self.epoch + 1,
                  self.batch_in_epoch, self.step)
 
@@ -286,11 +328,11 @@ class Trainer:
         from runner.config import dump_config
         from runner.envinfo import collect_env, format_env
 
-        (self.out / "config.yaml").write_text(dump_config(self.cfg))
+        atomic_write(self.out / "config.yaml", dump_config(self.cfg))
         dev = self.dist.device
         # asking every GPU for free memory would create a CUDA context on each of them for the whole run
         env_text = format_env(collect_env(free_mem_devices=[dev.index or 0] if dev.type == "cuda" else []))
-        (self.out / "env.txt").write_text(env_text)
+        atomic_write(self.out / "env.txt", env_text)
         for line in env_text.splitlines()[:4]:
             log.info("env: %s", line)
         if self.cfg.DATA.NAME == "folder":
@@ -354,9 +396,7 @@ class Trainer:
                         "checkpoint", self.step)
             raise
         except BaseException as e:
-            self._status(runstate.FAILED, error=f"{type(e).__name__}: {e}"[:500])
-            if not isinstance(e, UserError):
-                log.exception("rank %d failed at step %d", self.dist.rank, self.step)
+            self._record_failure(e, f"at step {self.step}")
             raise
         finally:
             self.stop.close()
@@ -531,9 +571,9 @@ class Trainer:
             ckpt.save_checkpoint(self._state(), self.out, self.step, self.cfg.CHECKPOINT.KEEP, best)
 
     def _status(self, status: str, **extra) -> None:
-        """Update run.json on rank 0."""
-        if self.main:
-            runstate.write_status(str(self.out), status, step=self.step, **extra)
+        """Update run.json on rank 0, once the folder is this run's."""
+        if self.main and self.claimed:
+            runstate.write_status(str(self.out), status, step=getattr(self, "step", 0), **extra)
 
     def _finish(self) -> dict:
         """results.json, TensorBoard hparams, status done."""
@@ -581,6 +621,10 @@ def train(cfg, hparam_keys: list[str] | None = None) -> dict:
     """Train and evaluate as `cfg` says; the library's entry point (hparam_keys: see Trainer)."""
     trainer = Trainer(cfg, hparam_keys=hparam_keys)
     try:
+        if trainer.done is not None:  # finished already: say so, write nothing
+            if trainer.main:
+                print(runstate.done_line(cfg, *trainer.done), flush=True)
+            return trainer.done[0]
         return trainer.train()
     finally:
         trainer.close()

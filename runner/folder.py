@@ -471,9 +471,9 @@ def write_class_map(output_dir: str | Path, classes: Sequence[str]) -> Path:
     """Write OUTPUT_DIR/class_map.json ({"0": "cat", ...}) atomically; return its path."""
     path = Path(output_dir) / "class_map.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({str(i): c for i, c in enumerate(classes)}, indent=1) + "\n")
-    os.replace(tmp, path)
+    from runner.fsutil import atomic_write
+
+    atomic_write(path, json.dumps({str(i): c for i, c in enumerate(classes)}, indent=1) + "\n")
     return path
 
 

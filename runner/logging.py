@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
+
+from runner.fsutil import atomic_write
 
 log = logging.getLogger("runner")
 
@@ -32,6 +33,13 @@ def setup_logging(output_dir: str | None, rank: int) -> None:
         log.addHandler(fh)
 
 
+def log_to_file(message: str) -> None:
+    """An error line for log.txt only: the console already gets it once, on stderr, from the CLI wrapper."""
+    for handler in log.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.emit(log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None))
+
+
 def truncate_jsonl(path: Path, last_step: int) -> None:
     """Drop lines past `last_step` (and any partial trailing line) so a resumed run never duplicates steps."""
     if not path.exists():
@@ -43,9 +51,7 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
                 kept.append(line)
         except (ValueError, KeyError, TypeError):
             continue
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    atomic_write(path, "".join(line + "\n" for line in kept))
 
 
 # Resume-safe keys that the HParams tab still shows: a run may be extended with a new value, but the value

@@ -7,32 +7,35 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
 
 from runner.errors import UserError
+from runner.fsutil import atomic_write
 
 # OUTPUT_DIR/run.json "status" values; results.json exists only for "done".
 RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED = (
     "running", "done", "failed", "preempted", "nonfinite", "profiled", "interrupted")
 
 
-def temp_name(path: Path) -> Path:
-    """The temporary file beside `path` that this process writes before renaming it onto `path`."""
-    return path.with_name(f".{path.name}.tmp.{os.getpid()}")
+# run.json's "format": the marker that says a folder is a run of ours and may be written into
+RUN_FORMAT = "runner-run/1"
+# what an earlier version's run.json held (no "format" yet); still recognised as ours
+_LEGACY_RUN_KEYS = {"status", "pid", "host", "updated"}
+_STATUSES = {RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED}
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON to a temporary file and rename it over `path`."""
-    tmp = temp_name(path)
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write JSON through the one atomic writer (temporary file, fsync, rename)."""
+    atomic_write(path, json.dumps(obj, indent=2) + "\n")
 
 
 def write_status(output_dir: str, status: str, **extra) -> None:
-    """OUTPUT_DIR/run.json: the status the sweep summary reads."""
-    obj = {"status": status, "pid": os.getpid(), "host": socket.gethostname(), "updated": time.time(), **extra}
+    """OUTPUT_DIR/run.json: the status the sweep summary reads, and the marker that the folder is our run."""
+    obj = {"format": RUN_FORMAT, "status": status, "pid": os.getpid(), "host": socket.gethostname(),
+           "updated": time.time(), **extra}
     write_json_atomic(Path(output_dir) / "run.json", obj)
 
 
@@ -43,6 +46,71 @@ def read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def is_our_run(out: Path) -> bool:
+    """True when `out` holds our marker: a run.json we wrote (or a bare run.lock left by a start-up)."""
+    obj = read_json(out / "run.json")
+    if obj is not None:
+        return obj.get("format") == RUN_FORMAT or (_LEGACY_RUN_KEYS <= set(obj) and obj["status"] in _STATUSES)
+    try:
+        entries = [p.name for p in out.iterdir()]
+        lock_text = (out / "run.lock").read_text(errors="replace") if entries == ["run.lock"] else ""
+    except OSError:
+        return False
+    return re.fullmatch(r"pid \d+ on .+", lock_text) is not None  # another job is starting in it
+
+
+def has_run_data(out: Path) -> str:
+    """What an earlier run left in `out` (checkpoints, results, metrics), described in a few words; '' if none."""
+    results = read_json(out / "results.json")
+    if results is not None:
+        return f"a finished run (step {results.get('step')}, epoch {results.get('epoch')})"
+    ckpts = out / "checkpoints"
+    if ckpts.is_dir() and any(p.suffix == ".pth" for p in ckpts.iterdir()):
+        return "an earlier run's checkpoints"
+    metrics = out / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        return "an earlier run's metrics"
+    return ""
+
+
+def check_output_dir(cfg) -> None:
+    """Refuse an OUTPUT_DIR that is not ours to write, or a start that would mix two runs in one folder."""
+    out = Path(cfg.OUTPUT_DIR)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"OUTPUT_DIR {out} is a file, not a folder; choose another OUTPUT_DIR")
+    if not out.is_dir():
+        return
+    try:
+        entries = sorted(p.name for p in out.iterdir())
+    except OSError as e:
+        raise UserError(f"OUTPUT_DIR {out} cannot be read ({e.strerror}); choose another OUTPUT_DIR") from None
+    if "run.lock" in entries and is_locked(out):
+        raise _in_use(out, (out / "run.lock").read_text(errors="replace").strip())
+    if entries and not is_our_run(out):
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise UserError(f"OUTPUT_DIR {out} is not empty and holds no run of ours (found {shown}; no run.json "
+                        "from this runner); nothing was written there: choose a new or empty folder")
+    _refuse_mixing(cfg, out)
+
+
+def _refuse_mixing(cfg, out: Path) -> None:
+    """CHECKPOINT.RESUME none, or another folder's checkpoint, on a folder that already holds a run."""
+    resume = cfg.CHECKPOINT.RESUME
+    if resume == "auto":
+        return
+    earlier = has_run_data(out)
+    if not earlier:
+        return
+    if resume == "none":
+        raise UserError(f"OUTPUT_DIR {out} holds {earlier}; CHECKPOINT.RESUME none would mix two runs in one "
+                        "folder: choose another OUTPUT_DIR, or delete that folder to start over")
+    own = Path(resume).resolve().parent == (out / "checkpoints").resolve()
+    if not own or (out / "results.json").exists():
+        why = "another folder's checkpoint" if not own else "a checkpoint of a finished run"
+        raise UserError(f"CHECKPOINT.RESUME {resume} is {why} but OUTPUT_DIR {out} holds {earlier}; resuming "
+                        "would mix two runs in one folder: choose another (new) OUTPUT_DIR")
 
 
 def changed_run_keys(cfg, stored_yaml: str) -> list[str]:
@@ -63,18 +131,30 @@ def refuse_changed(cfg, stored_yaml: str, where: str) -> None:
         )
 
 
-def finished_run(cfg) -> dict | None:
-    """results.json of this OUTPUT_DIR if the run finished with this config and length, else None."""
+def finished_run(cfg) -> tuple[dict, str] | None:
+    """(results.json, why nothing will train) when OUTPUT_DIR's finished run already covers this config."""
     out = Path(cfg.OUTPUT_DIR)
     results = read_json(out / "results.json")
-    if not results or results.get("status") != DONE or cfg.CHECKPOINT.RESUME == "none":
+    if not results or results.get("status") != DONE or cfg.CHECKPOINT.RESUME != "auto" or not is_our_run(out):
         return None
     stored = out / "config.yaml"
     if stored.exists():
         refuse_changed(cfg, stored.read_text(), f"of the finished run in {out}")
-    if results.get("epochs") != cfg.TRAIN.EPOCHS or results.get("max_steps", 0) != cfg.TRAIN.MAX_STEPS:
-        return None  # the run was extended: train on from its last checkpoint
-    return results
+    epochs, step = results.get("epoch", 0), results.get("step", 0)
+    if cfg.TRAIN.EPOCHS <= epochs:
+        same = cfg.TRAIN.EPOCHS == results.get("epochs")
+        more = "" if same else f"; TRAIN.EPOCHS {cfg.TRAIN.EPOCHS} asks for no more"
+        return results, f"it ran {epochs} epochs, {step} steps{more}"
+    if 0 < cfg.TRAIN.MAX_STEPS <= step:
+        return results, f"it ran {step} steps; TRAIN.MAX_STEPS {cfg.TRAIN.MAX_STEPS} asks for no more"
+    return None  # the run was extended: train on from its last checkpoint
+
+
+def done_line(cfg, results: dict, why: str) -> str:
+    """What a re-run of a finished run prints: its result, and why nothing trains (nothing is rewritten)."""
+    top1 = results.get("val/top1")
+    shown = f"{top1:.2f}" if isinstance(top1, (int, float)) else "-"
+    return f"{cfg.OUTPUT_DIR}: already done (val/top1 {shown}; {why}); nothing to train, nothing rewritten"
 
 
 class RunLock:
@@ -93,10 +173,9 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            holder = os.read(fd, 200).decode(errors="replace").strip()
             os.close(fd)
-            raise UserError(f"{self.path.parent} is in use by a running job ({holder}); "
-                            "wait for it or choose another OUTPUT_DIR") from None
+            raise _in_use(self.path.parent, holder) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
         self.fd = fd
@@ -106,6 +185,12 @@ class RunLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _in_use(out: Path, holder: str) -> UserError:
+    """The error for a folder another job is writing."""
+    return UserError(f"{out} is in use by a running job ({holder or 'another process'}); "
+                     "wait for it or choose another OUTPUT_DIR")
 
 
 def is_locked(output_dir: str | os.PathLike) -> bool:

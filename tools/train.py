@@ -28,14 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg, info = load_config(argv, parser)
     if handle_info_flags(cfg, info):
         return 0
-    from runner.runstate import finished_run
+    from runner import runstate
 
-    done = finished_run(cfg)
-    if done is not None:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank gets here; one says so
-            print(f"{cfg.OUTPUT_DIR}: already done (val/top1 {done.get('val/top1')}, step {done.get('step')}); "
-                  "nothing to train", flush=True)
-        return 0
+    runstate.check_output_dir(cfg)  # before anything heavy: a folder that is not ours is refused at once
+    if os.environ.get("WORLD_SIZE", "1") == "1":  # under torchrun, rank 0 decides under the run lock
+        done = runstate.finished_run(cfg)
+        if done is not None:
+            print(runstate.done_line(cfg, *done), flush=True)
+            return 0
     from runner.engine import train
 
     train(cfg, hparam_keys=[key for key, _ in info.overrides])

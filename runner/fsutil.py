@@ -1,0 +1,66 @@
+"""Files a run writes: one atomic write (temporary name, fsync, rename, cleanup) for every file we replace.
+
+Light on purpose (no torch import): tools/train.py uses it before anything heavy is imported.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from runner.errors import UserError
+
+
+def temp_name(path: Path) -> Path:
+    """The temporary file beside `path` that this process writes before renaming it onto `path`."""
+    return path.with_name(f".{path.name}.tmp.{os.getpid()}")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable (POSIX); harmless where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO], None],
+                 intact: str = "") -> None:
+    """Replace `path` with `data` (or what the callable writes) so a reader sees the old file or the new one.
+
+    The temporary file is always removed; a full disk becomes a one-line UserError that says what is intact
+    (`intact`, by default the previous file at `path`).
+    """
+    path = Path(path)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if out_of_space(e):
+            raise UserError(f"no space left on device while writing {path.name} in {path.parent}; "
+                            f"{intact or 'the previous ' + path.name} is intact: free some space and run the "
+                            "same command again") from None
+        raise
+    fsync_dir(path.parent)
+
+
+def out_of_space(e: BaseException) -> bool:
+    """True for a full disk or quota, also when torch.save reports it as a RuntimeError."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("No space left on device" in text or "file write failed" in text)
