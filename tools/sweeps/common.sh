@@ -3,15 +3,52 @@
 # then sweep_end. SLOTS points run at once (SLOTS=1: one after another, output on the console; more: each
 # point's output goes to ROOT/logs/NAME.log). Ctrl-C or SIGTERM stops the sweep: running points get SIGTERM,
 # save their state and exit; re-running the same command continues where it stopped.
+# Lists (LRS, MODELS): `sweep_list VAR DEFAULT` gives the array ITEMS, never glob-expanded (MODELS='resnet*'
+# stays the text resnet*): one item per whitespace-separated word, or one per line when the value has a
+# newline, so an item may hold spaces: MODELS=$'resnet18\nmy model'. Every expansion below is quoted.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=${PYTHON:-python}
 CFG=${CFG:-$REPO/configs/digits/resnet18.yaml}
 
+sweep_fail() {  # MESSAGE: a mistake in the sweep's settings: one line on stderr, exit 2, nothing started
+  echo "sweep: $*" >&2
+  exit 2
+}
+
+need_count() {  # NAME VALUE [MIN]: exit 2 unless VALUE is a whole number of at least MIN (default 1)
+  [[ $2 =~ ^[0-9]+$ ]] && ((10#$2 >= ${3:-1})) ||
+    sweep_fail "$1=$2 is not a whole number of at least ${3:-1}; e.g. $1=2"
+}
+
+sweep_list() {  # VAR DEFAULT: set ITEMS to the items of $VAR (DEFAULT when unset or empty), see the header
+  local value=${!1:-$2} item
+  local -a raw=()
+  ITEMS=()
+  if [[ $value == *$'\n'* ]]; then
+    mapfile -t raw <<<"$value"
+  else
+    read -ra raw <<<"$value"
+  fi
+  for item in "${raw[@]}"; do
+    item=${item#"${item%%[![:space:]]*}"}  # a line's leading and trailing blanks are not part of its item
+    item=${item%"${item##*[![:space:]]}"}
+    [[ -z $item ]] || ITEMS+=("$item")
+  done
+  ((${#ITEMS[@]})) || sweep_fail "$1 holds no value; give a space-separated list, e.g. $1=\"$2\""
+}
+
+point_name() {  # TEXT: a point's folder name: TEXT with / made _ (one folder per point, never a subfolder)
+  echo "${1//\//_}"
+}
+
 sweep_init() {  # NAME SLOTS: sets ROOT (SWEEP_ROOT or output/sweeps/NAME) and the bookkeeping
   ROOT=${SWEEP_ROOT:-output/sweeps/$1}
+  need_count JOBS "$2"
   NSLOTS=$2
-  mkdir -p "$ROOT"
+  command -v "$PY" >/dev/null || sweep_fail "PYTHON=$PY is not a program found on PATH; give the interpreter"
+  [[ -f $CFG ]] || sweep_fail "CFG=$CFG is not a file; give a config file, e.g. CFG=configs/digits/resnet18.yaml"
+  mkdir -p -- "$ROOT" 2>/dev/null || sweep_fail "SWEEP_ROOT=$ROOT cannot be made a folder; give a folder path"
   SLOT=0 STOP=0 SKIPPED=0 SLOT_PID=() FAILED=()
   declare -gA NAME_OF=()
   trap sweep_stop INT TERM
@@ -97,6 +134,7 @@ sweep_end() {  # wait for the running points, print the summary, exit non-zero w
 
 gpu_list() {  # set GPUS to the device ids: CUDA_VISIBLE_DEVICES, else nvidia-smi; NUM_GPUS caps (or sets) the count
   local i n=0 ids=()
+  [[ -z ${NUM_GPUS:-} ]] || need_count NUM_GPUS "$NUM_GPUS" 0
   if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
     IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
   else

@@ -3,13 +3,21 @@
 # ones resume, missing ones start. Extra arguments are KEY VALUE overrides passed to every point.
 #   [SWEEP_ROOT=dir] [LRS="0.1 0.05"] [MODELS="resnet18 resnet10t"] [CFG=file] [PYTHON=python] \
 #     tools/sweeps/lr_x_model.sh [KEY VALUE ...]
+# LRS and MODELS are lists taken as typed, never glob-expanded (MODELS='resnet*' is the model name resnet*):
+# space-separated, or one item per line when an item holds spaces (MODELS=$'a b\nc'). A KEY VALUE argument
+# with spaces is passed whole when quoted: ... AUG.SCALE '(0.5, 1.0)'. A / in a point's name becomes _.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+sweep_list LRS "0.2 0.1 0.05"
+lrs=("${ITEMS[@]}")
+sweep_list MODELS "resnet18 resnet10t"
+models=("${ITEMS[@]}")
+
 sweep_init lr_x_model 1
-for lr in ${LRS:-0.2 0.1 0.05}; do
-  for model in ${MODELS:-resnet18 resnet10t}; do
-    name=lr${lr}_${model}
+for lr in "${lrs[@]}"; do
+  for model in "${models[@]}"; do
+    name=$(point_name "lr${lr}_${model}")
     point_done "$name" && continue
     slot_wait
     slot_run "$name" "$PY" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" MODEL.NAME "$model" \

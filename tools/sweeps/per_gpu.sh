@@ -4,14 +4,22 @@
 # JOBS=n runs n points at once instead (spread over the GPUs; on a machine without GPU, n CPU processes:
 # default 1). Safe to re-run like lr_x_model.sh. Each point's output: $SWEEP_ROOT/logs/<point>.log.
 #   [SWEEP_ROOT=dir] [NUM_GPUS=n] [JOBS=n] [LRS=...] [MODELS=...] [CFG=file] tools/sweeps/per_gpu.sh [KEY VALUE ...]
+# LRS and MODELS are lists taken as typed, never glob-expanded (MODELS='resnet*' is the model name resnet*):
+# space-separated, or one item per line when an item holds spaces (MODELS=$'a b\nc'). A KEY VALUE argument
+# with spaces is passed whole when quoted: ... AUG.SCALE '(0.5, 1.0)'. A / in a point's name becomes _.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+sweep_list LRS "0.2 0.1 0.05"
+lrs=("${ITEMS[@]}")
+sweep_list MODELS "resnet18 resnet10t"
+models=("${ITEMS[@]}")
+
 gpu_list
 sweep_init per_gpu "${JOBS:-$((${#GPUS[@]} ? ${#GPUS[@]} : 1))}"
-for lr in ${LRS:-0.2 0.1 0.05}; do
-  for model in ${MODELS:-resnet18 resnet10t}; do
-    name=lr${lr}_${model}
+for lr in "${lrs[@]}"; do
+  for model in "${models[@]}"; do
+    name=$(point_name "lr${lr}_${model}")
     point_done "$name" && continue
     slot_wait
     device=()

@@ -6,8 +6,16 @@
 # when points run side by side.
 #   [SWEEP_ROOT=dir] [NPROC=n] [NUM_GPUS=n] [JOBS=n] [MAX_RESTARTS=0] [LRS=...] [MODELS=...] [CFG=file] \
 #     tools/sweeps/torchrun.sh [KEY VALUE ...]
+# LRS and MODELS are lists taken as typed, never glob-expanded (MODELS='resnet*' is the model name resnet*):
+# space-separated, or one item per line when an item holds spaces (MODELS=$'a b\nc'). A KEY VALUE argument
+# with spaces is passed whole when quoted: ... AUG.SCALE '(0.5, 1.0)'. A / in a point's name becomes _.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+sweep_list LRS "0.2 0.1 0.05"
+lrs=("${ITEMS[@]}")
+sweep_list MODELS "resnet18 resnet10t"
+models=("${ITEMS[@]}")
 
 free_port() {  # a TCP port free now and not given to a running point of this sweep
   local port
@@ -27,11 +35,12 @@ slot_devices() {  # the GPUs of slot SLOT, comma-separated: NPROC of them, wrapp
 gpu_list
 NGPU=${#GPUS[@]}
 NPROC=${NPROC:-$((NGPU ? NGPU : 2))}
+need_count NPROC "$NPROC"
 sweep_init torchrun "${JOBS:-$((NGPU >= 2 * NPROC ? NGPU / NPROC : 1))}"
 SLOT_PORT=()
-for lr in ${LRS:-0.2 0.1 0.05}; do
-  for model in ${MODELS:-resnet18 resnet10t}; do
-    name=lr${lr}_${model}
+for lr in "${lrs[@]}"; do
+  for model in "${models[@]}"; do
+    name=$(point_name "lr${lr}_${model}")
     point_done "$name" && continue
     slot_wait
     SLOT_PORT[SLOT]=$(free_port)
@@ -39,7 +48,7 @@ for lr in ${LRS:-0.2 0.1 0.05}; do
     ((NGPU == 0)) || device=("CUDA_VISIBLE_DEVICES=$(slot_devices)")
     slot_run "$name" env "${device[@]}" "$PY" -m torch.distributed.run --nnodes=1 --nproc_per_node="$NPROC" \
       --max-restarts="${MAX_RESTARTS:-0}" --rdzv-backend=c10d --rdzv-endpoint="localhost:${SLOT_PORT[SLOT]}" \
-      --rdzv-id="$name" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" MODEL.NAME "$model" \
+      --rdzv-id="${name//[^A-Za-z0-9_.-]/_}" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" MODEL.NAME "$model" \
       OUTPUT_DIR "$ROOT/$name" "$@"
   done
 done
