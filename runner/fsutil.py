@@ -49,8 +49,9 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
+        full = out_of_space(e) or disk_full(path.parent)  # asked before the temporary file frees its space
         tmp.unlink(missing_ok=True)
-        if out_of_space(e):
+        if full and not isinstance(e, KeyboardInterrupt):
             raise UserError(f"no space left on device while writing {path.name} in {path.parent}; "
                             f"{intact or 'the previous ' + path.name} is intact: free some space and run the "
                             "same command again") from None
@@ -58,8 +59,20 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
     fsync_dir(path.parent)
 
 
+def disk_full(folder: Path) -> bool:
+    """True when the file system of `folder` has (almost) no space left for us."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
+
+
 def out_of_space(e: BaseException) -> bool:
-    """True for a full disk or quota, also when torch.save reports it as a RuntimeError."""
+    """True for a full disk or quota, also when torch.save reports it as a RuntimeError.
+
+    torch.save into a file object reports a short write as "unexpected pos ...": disk_full tells that case.
+    """
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
     text = str(e)

@@ -1,0 +1,239 @@
+"""A run folder belongs to one run: foreign folders untouched, no two runs mixed, finished runs not rewritten,
+setup failures recorded, atomic writes, pruning and a full disk."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from utils import ROOT, TINY, assert_user_error, run_tool, torchrun
+
+DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
+TRAIN = str(ROOT / "tools" / "train.py")
+RUN = [*TINY, "TRAIN.EPOCHS", "2"]  # the finished run's own command line
+
+
+def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file under `folder`: content hash and modification time (ns), to prove nothing was touched."""
+    return {str(p.relative_to(folder)): (hashlib.sha1(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """One finished tiny digits run (2 epochs, 44 steps) that each test copies before changing anything."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    r = run_tool("train.py", ["--cfg", DIGITS, *RUN, "OUTPUT_DIR", str(out)])
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def copy_run(finished: Path, tmp_path: Path) -> Path:
+    """A private copy of the finished run."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    return out
+
+
+def user_folder(tmp_path: Path) -> Path:
+    """A folder of the user's own files, named like ours, as an earlier tool or a person left them."""
+    d = tmp_path / "mine"
+    (d / "checkpoints").mkdir(parents=True)
+    (d / "config.yaml").write_text("my: notes\n")
+    (d / "metrics.jsonl").write_text('{"step": 999, "epoch": 1, "mine": 1}\n')
+    (d / "env.txt").write_text("my environment\n")
+    (d / "results.json").write_text('{"status": "done", "val/top1": 12.5, "step": 7, "epoch": 9}\n')
+    for step in (1, 2, 3, 4, 5):
+        torch.save({"model": {}, "step": step}, d / "checkpoints" / f"step_{step:08d}.pth")
+    return d
+
+
+def test_foreign_folder_is_refused_and_untouched(tmp_path):
+    d = user_folder(tmp_path)
+    before = snapshot(d)
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(d)])
+    assert_user_error(r, str(d), "holds no run of ours", "config.yaml")
+    assert snapshot(d) == before  # its "results.json" was not taken for ours: no "already done", no resume
+    assert sorted(p.name for p in d.iterdir()) == ["checkpoints", "config.yaml", "env.txt", "metrics.jsonl",
+                                                    "results.json"]
+
+
+def test_folder_with_one_stray_file_is_refused(tmp_path):
+    d = tmp_path / "x"
+    d.mkdir()
+    (d / "run.lock").write_text("not ours\n")
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(d)])
+    assert_user_error(r, "holds no run of ours")
+    assert [p.name for p in d.iterdir()] == ["run.lock"] and (d / "run.lock").read_text() == "not ours\n"
+
+
+@pytest.mark.slow
+def test_foreign_folder_refused_under_torchrun(tmp_path):
+    d = user_folder(tmp_path)
+    before = snapshot(d)
+    r = subprocess.run(torchrun(["--standalone", "--nproc_per_node", "2", TRAIN, "--cfg", DIGITS, *TINY,
+                                 "OUTPUT_DIR", str(d)]), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode != 0 and "holds no run of ours" in r.stderr
+    assert snapshot(d) == before
+
+
+def test_output_dir_that_is_a_file(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("keep me\n")
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(f)])
+    assert_user_error(r, "is a file")
+    assert f.read_text() == "keep me\n"
+
+
+def test_empty_and_missing_folders_are_taken(tmp_path):
+    from runner.config import get_default_config
+    from runner.runstate import check_output_dir
+
+    cfg = get_default_config()
+    for d in (tmp_path / "empty", tmp_path / "missing" / "deeper"):
+        if d.name == "empty":
+            d.mkdir()
+        cfg.OUTPUT_DIR = str(d)
+        check_output_dir(cfg)  # no error
+    assert not (tmp_path / "missing").exists()  # the check itself writes nothing
+
+
+def test_resume_none_on_a_run_folder_is_refused(finished, tmp_path):
+    out = copy_run(finished, tmp_path)
+    before = snapshot(out)
+    r = run_tool("train.py", ["--cfg", DIGITS, *RUN, "CHECKPOINT.RESUME", "none", "OUTPUT_DIR", str(out)])
+    assert_user_error(r, "CHECKPOINT.RESUME none would mix two runs", "another OUTPUT_DIR")
+    assert snapshot(out) == before
+
+
+def test_resume_from_another_folders_checkpoint_is_refused(finished, tmp_path):
+    out = copy_run(finished, tmp_path)
+    other = tmp_path / "other.pth"
+    shutil.copy(out / "checkpoints" / "last.pth", other)
+    before = snapshot(out)
+    r = run_tool("train.py", ["--cfg", DIGITS, *RUN, "CHECKPOINT.RESUME", str(other), "OUTPUT_DIR", str(out)])
+    assert_user_error(r, "another folder's checkpoint", "mix two runs")
+    assert snapshot(out) == before
+
+
+def test_resume_none_on_a_fresh_folder_trains(tmp_path):
+    out = tmp_path / "fresh"
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "TRAIN.MAX_STEPS", "2", "CHECKPOINT.RESUME", "none",
+                              "OUTPUT_DIR", str(out)])
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "results.json").read_text())["step"] == 2
+
+
+@pytest.mark.parametrize("extra, why", [
+    ([], "it ran 2 epochs, 44 steps)"),  # the same command
+    (["TRAIN.EPOCHS", "1"], "TRAIN.EPOCHS 1 asks for no more"),  # shorter than what ran
+    (["TRAIN.EPOCHS", "3", "TRAIN.MAX_STEPS", "5"], "TRAIN.MAX_STEPS 5 asks for no more"),
+])
+def test_finished_run_is_not_rewritten(finished, tmp_path, extra, why):
+    out = copy_run(finished, tmp_path)
+    before = snapshot(out)
+    r = run_tool("train.py", ["--cfg", DIGITS, *RUN, *extra, "OUTPUT_DIR", str(out)])
+    assert r.returncode == 0, r.stderr
+    assert "already done" in r.stdout and why in r.stdout and "nothing rewritten" in r.stdout
+    val = json.loads((out / "results.json").read_text())["val/top1"]
+    assert f"val/top1 {val:.2f};" in r.stdout  # two decimals, not 98.33333333333333
+    assert snapshot(out) == before
+
+
+@pytest.mark.slow
+def test_finished_run_under_torchrun_is_not_rewritten(finished, tmp_path):
+    out = copy_run(finished, tmp_path)
+    before = snapshot(out)
+    r = subprocess.run(torchrun(["--standalone", "--nproc_per_node", "2", TRAIN, "--cfg", DIGITS, *RUN,
+                                 "TRAIN.EPOCHS", "1", "OUTPUT_DIR", str(out)]), capture_output=True, text=True,
+                       timeout=300, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("already done") == 1 and "TRAIN.EPOCHS 1 asks for no more" in r.stdout
+    after = snapshot(out)
+    assert after.pop("run.lock") and before.pop("run.lock")  # rank 0 took the lock to decide; nothing else changed
+    assert after == before
+
+
+def test_setup_failure_is_recorded(tmp_path):
+    out = tmp_path / "run"
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "MODEL.NAME", "resnet10tt", "OUTPUT_DIR", str(out)])
+    line = assert_user_error(r, "resnet10tt")
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "failed" and "resnet10tt" in status["error"]
+    assert line.removeprefix("error: ") in (out / "log.txt").read_text()
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "TRAIN.MAX_STEPS", "1", "OUTPUT_DIR", str(out)])
+    assert r.returncode == 0, r.stderr  # the folder is ours: the corrected command runs in it
+
+
+def test_atomic_write_keeps_the_old_file_and_no_temp(tmp_path):
+    from runner.fsutil import atomic_write
+
+    path = tmp_path / "results.json"
+    atomic_write(path, "old\n")
+
+    def fails(f):
+        f.write(b"half")
+        raise RuntimeError("killed midway")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(path, fails)
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_prune_never_removes_newer_files(tmp_path):
+    from runner.checkpoint import prune, step_files
+
+    for step in range(1, 8):
+        (tmp_path / f"step_{step:08d}.pth").write_bytes(b"x")
+    prune(tmp_path, step=4, keep=2)
+    assert [s for s, _ in step_files(tmp_path)] == [7, 6, 5, 4, 3]
+
+
+def test_read_back_tells_whole_from_damaged(tmp_path):
+    from runner import checkpoint
+
+    d = tmp_path / "checkpoints"
+    for step in (1, 2):
+        checkpoint.save_checkpoint({"model": {"w": torch.ones(3)}, "step": step}, tmp_path, step, keep=1, best=False)
+    assert [s for s, _ in checkpoint.step_files(d)] == [2] and checkpoint._looks_whole(d / "last.pth")
+    data = (d / "step_00000002.pth").read_bytes()
+    for damaged in (b"", data[: len(data) // 2], b"PK" + bytes(100)):
+        (tmp_path / "bad.pth").write_bytes(damaged)
+        assert not checkpoint._looks_whole(tmp_path / "bad.pth")
+
+
+def _can_mount_tmpfs() -> bool:
+    """Whether this machine lets us mount a small tmpfs in a private mount namespace (root, unshare)."""
+    if not shutil.which("unshare") or os.geteuid() != 0:
+        return False
+    r = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and unshare to mount a small tmpfs")
+def test_full_disk_while_saving(tmp_path):
+    disk, kept = tmp_path / "disk", tmp_path / "kept"
+    disk.mkdir()
+    # a checkpoint of resnet10t with SGD momentum is about 40 MB: the first fits on 60 MB, the second does not
+    args = [sys.executable, TRAIN, "--cfg", DIGITS, *TINY, "CHECKPOINT.PERIOD", "3", "TRAIN.MAX_STEPS", "9",
+            "OUTPUT_DIR", str(disk / "run")]
+    script = (f"mount -t tmpfs -o size=60m tmpfs {disk} && cd {ROOT} && "
+              f"{' '.join(args)} 2>{tmp_path / 'err'}; echo $? > {tmp_path / 'rc'}; cp -a {disk}/run {kept}")
+    subprocess.run(["unshare", "-m", "sh", "-c", script], check=True, timeout=300,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.CompletedProcess(args, int((tmp_path / "rc").read_text()), "", (tmp_path / "err").read_text())
+    assert_user_error(proc, "no space left on device", str(disk / "run" / "checkpoints"),
+                      "previous checkpoint", "step 3) is intact")
+    ckpts = sorted(p.name for p in (kept / "checkpoints").iterdir())
+    assert ckpts == ["last.pth", "step_00000003.pth"]  # no temporary file left behind
+    state = torch.load(kept / "checkpoints" / "last.pth", weights_only=True)
+    assert state["step"] == 3
+    status = json.loads((kept / "run.json").read_text())
+    assert status["status"] == "failed" and "no space left" in status["error"]
