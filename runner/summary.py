@@ -36,6 +36,12 @@ except AttributeError:  # pragma: no cover - PyYAML built without libyaml
     _Loader = yaml.SafeLoader
 
 
+class Row(dict):
+    """One table row (column name to value) that knows whether its run's config could be read."""
+
+    config_known: bool = True
+
+
 @dataclass
 class Run:
     """What one run folder says about itself."""
@@ -47,12 +53,13 @@ class Run:
     results: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def row(self, keys: list[str]) -> dict[str, Any]:
+    def row(self, keys: list[str]) -> Row:
         """Column name to value: run, config, the given override keys, then the result columns."""
         values = {} if self.config is None else {**default_values(), **self.config}
-        row = {"run": self.path, "config": self.config_files, **{k: values.get(k) for k in keys}}
+        row = Row(run=self.path, config=self.config_files, **{k: values.get(k) for k in keys})
         row.update({k: self.results.get(k) for k in RESULT_COLUMNS})
         row.update(status=self.status, note="; ".join(self.notes))
+        row.config_known = self.config is not None
         return row
 
 
@@ -304,11 +311,16 @@ def format_value(value: Any) -> str:
 
 
 def constant_keys(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Config-key columns with one value in every row (only when there are several rows)."""
-    if len(rows) < 2:
+    """Config-key columns with one value in every row whose config is known (when there are several such rows).
+
+    A run whose config.yaml cannot be read has no values, not other values: it must not turn every key that
+    the sweep never varied into a column.
+    """
+    known = [row for row in rows if getattr(row, "config_known", True)]
+    if len(known) < 2:
         return {}
-    return {c: rows[0][c] for c in rows[0]
-            if _CONFIG_KEY.match(c) and all(row[c] == rows[0][c] for row in rows)}
+    return {c: known[0][c] for c in known[0]
+            if _CONFIG_KEY.match(c) and all(row[c] == known[0][c] for row in known)}
 
 
 def to_markdown(rows: list[dict[str, Any]], best: int | None) -> str:
@@ -321,14 +333,21 @@ def to_markdown(rows: list[dict[str, Any]], best: int | None) -> str:
         return ""
     same = constant_keys(rows)
     columns = [c for c in rows[0] if c not in same]
-    lines = [f"Same in every run: {', '.join(f'{k}={format_value(v)}' for k, v in same.items())}", ""] if same else []
-    lines += ["|   | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    label = "Same in every run" if all(getattr(r, "config_known", True) for r in rows) else (
+        "Same in every run whose config could be read")
+    lines = [f"{label}: {', '.join(f'{k}={format_value(v)}' for k, v in same.items())}", ""] if same else []
+    lines += ["|   | " + " | ".join(map(_md_cell, columns)) + " |", "|---|" + "---|" * len(columns)]
     for i, row in enumerate(rows):
-        cells = [format_value(row[c]).replace("|", "\\|") for c in columns]
+        cells = [_md_cell(format_value(row[c])) for c in columns]
         if i == best:
             cells[0] = f"**{cells[0]}**"
         lines.append(f"| {'*' if i == best else ' '} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    """Text that stays inside one markdown table cell: | escaped, line breaks made spaces."""
+    return " ".join(text.replace("|", "\\|").splitlines())
 
 
 def to_csv(rows: list[dict[str, Any]], best: int | None) -> str:

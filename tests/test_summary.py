@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from utils import assert_user_error
 
 from runner.config import get_default_config
 from runner.runstate import RunLock
@@ -192,8 +193,9 @@ def test_user_mistakes_exit_2(tmp_path: Path) -> None:
     make_run(tmp_path / "a", results=done(1.0))
     out = summarize_cli(tmp_path, "--sort", "val/top9")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "columns: run" in out.stderr
-    out = summarize_cli(tmp_path / "nope")
-    assert out.returncode == 2 and "not a folder" in out.stderr and "Traceback" not in out.stderr
+    assert_user_error(summarize_cli(tmp_path / "nope"), "ROOT ", "nope does not exist")
+    (tmp_path / "a.txt").write_text("notes")
+    assert_user_error(summarize_cli(tmp_path / "a.txt"), "a.txt is a file, not a folder", f"(e.g. {tmp_path})")
     empty = tmp_path / "empty"
     empty.mkdir()
     out = summarize_cli(empty)
@@ -227,3 +229,13 @@ def test_changed_keys_from_results_json(tmp_path: Path) -> None:
     (run / "config.yaml").write_text("not: [yaml\n")
     row = csv_rows(tmp_path)[0]
     assert (row["TRAIN.LR"], row["AUG.SCALE"], row["note"]) == ("0.5", "[0.5, 1.0]", "")
+
+
+def test_markdown_row_stays_one_line(tmp_path: Path) -> None:
+    # a run.json error written by another tool may span lines; a markdown row must not
+    make_run(tmp_path / "a", {"TRAIN.LR": 0.2}, state={"status": "failed", "error": "boom\n  at line 2 | x"})
+    make_run(tmp_path / "b", results=done(1.0))
+    out = summarize_cli(tmp_path)
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 2
+    assert "boom   at line 2 \\| x" in out.stdout

@@ -33,8 +33,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Print the summary table of ROOT."""
     args = parse_args(argv)
+    if not args.root.exists():
+        raise UserError(f"ROOT {args.root} does not exist; give the folder that holds the run folders")
     if not args.root.is_dir():
-        raise UserError(f"ROOT {args.root} is not a folder; give the folder that holds the run folders")
+        raise UserError(f"ROOT {args.root} is a file, not a folder; give the folder that holds the run folders "
+                        f"(e.g. {args.root.parent})")
     rows = summarize(args.root)
     if not rows:
         print(f"no runs under {args.root} (a run folder holds a config.yaml)", file=sys.stderr)
