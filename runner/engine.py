@@ -25,7 +25,7 @@ from runner import checkpoint as ckpt
 from runner import distributed, runstate
 from runner.data import build_data
 from runner.errors import NonFiniteLoss, Preempted, UserError, one_line
-from runner.fsutil import atomic_write
+from runner.fsutil import atomic_write, remove_stale_temps
 from runner.logging import MetricWriter, log_to_file, run_hparams, setup_logging
 from runner.model import build_model, prepare_model
 from runner.optim import build_optimizer, build_scheduler
@@ -180,6 +180,7 @@ class Trainer:
                 runstate.check_output_dir(self.cfg)  # again: the folder may have changed since tools/train.py
                 self.lock.acquire()
                 done = runstate.finished_run(self.cfg)  # under the lock: no other job is writing results now
+                remove_stale_temps(self.out)
                 if done is None:
                     runstate.write_status(str(self.out), runstate.RUNNING)
                     self.claimed = True

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from runner.errors import UserError
+
+TMP_RE = re.compile(r"^\..+\.tmp\.(\d+)$")  # what temp_name gives: .<name>.tmp.<pid>
 
 
 def temp_name(path: Path) -> Path:
@@ -77,3 +80,11 @@ def out_of_space(e: BaseException) -> bool:
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
     text = str(e)
     return isinstance(e, RuntimeError) and ("No space left on device" in text or "file write failed" in text)
+
+
+def remove_stale_temps(directory: Path) -> None:
+    """Delete the temporary files of writes that were killed midway (the run lock makes us the only writer)."""
+    for p in directory.iterdir():
+        m = TMP_RE.match(p.name)
+        if m and int(m.group(1)) != os.getpid():
+            p.unlink(missing_ok=True)

@@ -21,7 +21,8 @@ import pytest
 import torch
 from utils import ROOT, TRAIN, env, is_alive, proc_env, read_jsonl, run_tool, torchrun
 
-from runner.checkpoint import STEP_RE, TMP_RE, atomic_save, save_checkpoint
+from runner.checkpoint import STEP_RE, atomic_save, save_checkpoint
+from runner.fsutil import TMP_RE
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 # Deterministic and tiny, with every source of state a resume must restore: dropout (torch RNG), mixup (numpy
