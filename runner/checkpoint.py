@@ -12,15 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from runner.errors import UserError
-from runner.fsutil import atomic_write, fsync_dir, temp_name
+from runner.fsutil import atomic_write, fsync_dir, remove_stale_temps, temp_name
 
 log = logging.getLogger("runner")
 
 STEP_RE = re.compile(r"^step_(\d+)\.pth$")
-TMP_RE = re.compile(r"^\..+\.tmp\.(\d+)$")  # what temp_name gives: .<name>.tmp.<pid>
 
 
 def ckpt_dir(output_dir: str | os.PathLike) -> Path:
@@ -112,14 +110,6 @@ def prune(directory: Path, step: int, keep: int) -> None:
         old.unlink(missing_ok=True)
 
 
-def remove_stale_temps(directory: Path) -> None:
-    """Delete the temporary files of saves that were killed midway (the run lock makes us the only writer)."""
-    for p in directory.iterdir():
-        m = TMP_RE.match(p.name)
-        if m and int(m.group(1)) != os.getpid():
-            p.unlink(missing_ok=True)
-
-
 def load_file(path: str | os.PathLike) -> dict:
     """torch.load with weights_only=True (no pickled code runs); raises on a bad file."""
     obj = torch.load(path, map_location="cpu", weights_only=True)
@@ -173,32 +163,6 @@ def _strip_prefixes(sd: dict) -> dict:
                 k = k[len(p):]
         out[k] = v
     return out
-
-
-def load_weights(model: nn.Module, path: str) -> dict:
-    """Load model weights from a runner checkpoint or a plain state_dict; returns the file's other fields.
-
-    Tensors whose shape differs (a new classifier for another NUM_CLASSES) are skipped with a warning.
-    """
-    if not Path(path).is_file():
-        raise UserError(f"MODEL.CHECKPOINT '{path}' does not exist; give a local weights file")
-    try:
-        obj = load_file(path)
-    except Exception as e:
-        raise UserError(f"MODEL.CHECKPOINT '{path}' cannot be loaded ({_describe(e)})") from None
-    sd = obj.get("model") or obj.get("state_dict") or obj.get("model_state_dict") or obj
-    sd = _strip_prefixes({k: v for k, v in sd.items() if isinstance(v, torch.Tensor)})
-    own = model.state_dict()
-    skipped = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
-    for k in skipped:
-        del sd[k]
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if not set(own) - set(missing):
-        raise UserError(f"MODEL.CHECKPOINT '{path}' has no weights that fit MODEL.NAME (wrong model?)")
-    if skipped or missing or unexpected:
-        log.warning("MODEL.CHECKPOINT %s: %d tensors skipped for shape, %d missing, %d unexpected",
-                    path, len(skipped), len(missing), len(unexpected))
-    return {k: v for k, v in obj.items() if k not in ("model", "state_dict", "model_state_dict")}
 
 
 def rng_state() -> dict:

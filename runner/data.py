@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from runner.distributed import Dist
+from runner.errors import UserError
 
 log = logging.getLogger("runner")
 
@@ -175,8 +176,9 @@ def eval_batch_size(cfg) -> int:
 def _in_memory(cfg, dist: Dist) -> DataBundle:
     """Loaders over tensors kept on the training device (or on the host when DATA.ON_DEVICE is off)."""
     if cfg.DATA.NAME == "digits":
-        xt, yt, xv, yv = load_digits_tensors(cfg)
         names = [str(i) for i in range(10)]
+        check_classes(cfg, names, "DATA.NAME digits")
+        xt, yt, xv, yv = load_digits_tensors(cfg)
     else:
         xt, yt, xv, yv = synthetic_tensors(cfg, dist.device)
         names = [str(i) for i in range(cfg.MODEL.NUM_CLASSES)]
@@ -290,9 +292,31 @@ def _folder(cfg, dist: Dist) -> DataBundle:
                       _host_loader(val_ds, cfg, dist, train=False), list(names))
 
 
+def check_classes(cfg, class_names: list[str], where: str) -> None:
+    """Refuse fewer MODEL.NUM_CLASSES outputs than the data has classes (targets would index past the
+    classifier: a crash in the loss, or silently wrong top-k); more outputs train, with a warning."""
+    n, k = len(class_names), cfg.MODEL.NUM_CLASSES
+    if k < n:
+        raise UserError(f"{where} has {n} classes but MODEL.NUM_CLASSES is {k}: set MODEL.NUM_CLASSES {n}")
+    if k > n:
+        log.warning("%s has %d classes but MODEL.NUM_CLASSES is %d: outputs %d..%d never get a target "
+                    "(set MODEL.NUM_CLASSES %d unless that is meant)", where, n, k, n, k - 1, n)
+
+
+def warn_ignored_augment(cfg) -> None:
+    """In-memory data (digits, synthetic) only shifts (AUG.SHIFT): say so when image-folder augmentation is set."""
+    ignored = [f"{key} {value!r}" for key, value in (("AUG.AUTO_AUGMENT", cfg.AUG.AUTO_AUGMENT),
+                                                     ("AUG.REPROB", cfg.AUG.REPROB)) if value]
+    if ignored:
+        log.warning("DATA.NAME %s ignores %s: those act in the image-folder transforms only (in-memory data "
+                    "takes AUG.SHIFT and AUG.MIXUP/CUTMIX)", cfg.DATA.NAME, ", ".join(ignored))
+
+
 def build_data(cfg, dist: Dist) -> DataBundle:
     """The train and val loaders for cfg.DATA.NAME."""
     t0 = time.perf_counter()
+    if cfg.DATA.NAME != "folder":
+        warn_ignored_augment(cfg)
     bundle = _folder(cfg, dist) if cfg.DATA.NAME == "folder" else _in_memory(cfg, dist)
     log.debug("data ready in %.2fs", time.perf_counter() - t0)
     return bundle

@@ -58,6 +58,7 @@ class FolderIndex:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> class -> usable files
     bad_counts: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> class -> bad files
     problems: list[str] = field(default_factory=list)  # structural problems (filled when not strict)
+    notes: list[str] = field(default_factory=list)  # odd but usable (a file under two classes through links)
     checked: bool = False  # whether every file was opened and checked
 
     def samples(self, split: str) -> list[tuple[str, int]]:
@@ -78,14 +79,51 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
+def _walk_class(class_dir: Path) -> dict[str, str]:
+    """{real path: path as found} of the image files under one class folder, recursively, hidden entries skipped.
+
+    Symbolic links are followed, but each real folder is entered once (a link to itself or to a parent, or one
+    folder linked twice, cannot loop or count twice), and each real file counts once per class folder, under
+    the first path found (folders in name order, depth first).
+    """
+    found: dict[str, str] = {}
+    seen: set[tuple[int, int]] = set()
+    stack = [str(class_dir)]
+    while stack:
+        folder = stack.pop()
+        try:
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:  # unreadable or vanished: as os.walk, skip it (the split's checks report what is left)
+            continue
+        real_folder = os.path.realpath(folder)
+        subfolders = []
+        for e in entries:
+            if _is_hidden(e.name):
+                continue
+            if _entry_is_dir(e):
+                subfolders.append(e.path)
+            elif e.name.lower().endswith(IMG_EXTENSIONS):
+                real = os.path.realpath(e.path) if e.is_symlink() else os.path.join(real_folder, e.name)
+                found.setdefault(real, e.path)
+        stack.extend(reversed(subfolders))
+    return found
+
+
+def _entry_is_dir(entry: os.DirEntry) -> bool:
+    """Whether a directory entry is a folder, following links; False for a broken link."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
 def _list_images(class_dir: Path) -> list[str]:
-    """Image files under one class folder, recursively, hidden entries skipped, in a stable order."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
-        dirnames[:] = [d for d in dirnames if not _is_hidden(d)]
-        found.extend(os.path.join(dirpath, f) for f in filenames
-                     if not _is_hidden(f) and f.lower().endswith(IMG_EXTENSIONS))
-    return sorted(found)
+    """Image files under one class folder, each real file once, in a stable order (see _walk_class)."""
+    return sorted(_walk_class(class_dir).values())
 
 
 def class_dirs(split_dir: Path) -> list[Path]:
@@ -124,9 +162,10 @@ def check_file(path: str) -> str | None:
     return None
 
 
-def _structure(root: Path) -> tuple[dict[str, dict[str, list[str]]], list[str]]:
-    """List split/class/files under root and describe every structural problem found."""
+def _structure(root: Path) -> tuple[dict[str, dict[str, list[str]]], list[str], list[str]]:
+    """List split/class/files under root; describe every structural problem, and note what is odd but usable."""
     problems: list[str] = []
+    notes: list[str] = []
     listing: dict[str, dict[str, list[str]]] = {}
     with ThreadPoolExecutor(max_workers=16) as pool:
         for split in SPLITS:
@@ -136,10 +175,14 @@ def _structure(root: Path) -> tuple[dict[str, dict[str, list[str]]], list[str]]:
                                 f"expected DATA.ROOT/{split}/<class>/<images>")
                 continue
             dirs = class_dirs(split_dir)
-            listing[split] = dict(zip([d.name for d in dirs], pool.map(_list_images, dirs), strict=True))
+            walks = dict(zip([d.name for d in dirs], pool.map(_walk_class, dirs), strict=True))
+            listing[split] = {c: sorted(found.values()) for c, found in walks.items()}
+            notes += _shared_files(split_dir, walks)
             if not any(listing[split].values()):
-                problems.append(f"empty split {split_dir}: no class folder with images "
-                                f"({'/'.join(IMG_EXTENSIONS)}) inside")
+                loose = [f.name for f in split_dir.iterdir() if f.is_file() and f.name.lower().endswith(IMG_EXTENSIONS)]
+                where = (f"its {len(loose)} images lie directly in it; move them into {split_dir}/<class>/"
+                         if loose else f"no class folder with images ({'/'.join(IMG_EXTENSIONS)}) inside")
+                problems.append(f"empty split {split_dir}: {where}")
                 continue
             empty = [c for c, files in listing[split].items() if not files]
             if empty:
@@ -153,7 +196,22 @@ def _structure(root: Path) -> tuple[dict[str, dict[str, list[str]]], list[str]]:
             problems.append("class folders differ between train and val: "
                             f"only in train: {', '.join(only_train) or '-'}; "
                             f"only in val: {', '.join(only_val) or '-'}")
-    return listing, problems
+    return listing, problems, notes
+
+
+def _shared_files(split_dir: Path, walks: dict[str, dict[str, str]]) -> list[str]:
+    """A note when one real file is under two class folders (through links): it is kept in each, as
+    torchvision's ImageFolder does, since a link into another class is how an image is put in two classes."""
+    owners: dict[str, list[str]] = {}
+    for c, found in walks.items():
+        for real in found:
+            owners.setdefault(real, []).append(c)
+    shared = {real: cs for real, cs in owners.items() if len(cs) > 1}
+    if not shared:
+        return []
+    real, cs = min(shared.items())
+    return [f"{len(shared)} files in {split_dir} are under more than one class folder through symbolic links "
+            f"(e.g. {real} in {' and '.join(cs)}): each is a sample of every class it is under"]
 
 
 def scan_folder(cfg: Any, check: bool | None = None, strict: bool = True) -> FolderIndex:
@@ -168,14 +226,15 @@ def scan_folder(cfg: Any, check: bool | None = None, strict: bool = True) -> Fol
     root = Path(cfg.DATA.ROOT).expanduser()
     if not root.is_dir():
         raise UserError(f"DATA.ROOT {root} is not a folder: it should hold train/<class>/ and val/<class>/")
-    listing, problems = _structure(root)
+    listing, problems, notes = _structure(root)
     if problems and strict:
         more = f" (and {len(problems) - 1} more problems; {CHECK_TOOL} lists them all)"
         more = more if len(problems) > 1 else ""
         raise UserError(problems[0] + more)
     classes = sorted(set(listing.get("train", {})) | set(listing.get("val", {})))
     to_idx = {c: i for i, c in enumerate(classes)}
-    index = FolderIndex(root=str(root), classes=classes, train=[], val=[], problems=problems, checked=check)
+    index = FolderIndex(root=str(root), classes=classes, train=[], val=[], problems=problems, notes=notes,
+                        checked=check)
     flat = [(split, c, p) for split, by_class in listing.items()
             for c, files in by_class.items() for p in files]
     reasons = _check_all([p for _, _, p in flat]) if check else [None] * len(flat)
@@ -366,12 +425,51 @@ def speed_up(transform: transforms.Compose, mode: str = "RGB", reduced_decode: b
     return transforms.Compose(steps)
 
 
+# timm's AUG.AUTO_AUGMENT grammar: a policy, then dash-separated <key><number> sections (t<name> for rand)
+AA_SECTIONS = {"rand": {"m": int, "n": int, "mstd": float, "mmax": int, "inc": int, "p": float},
+               "augmix": {"m": int, "w": int, "d": int, "a": float, "b": int, "mstd": float},
+               "auto": {"mstd": float}}
+AA_POLICIES = ("original", "originalr", "v0", "v0r", "3a")  # timm's AutoAugment policies
+AA_RAND_SETS = ("weights", "3a", "3aw")  # rand-t<name>
+AA_SYNTAX = ("timm's syntax: rand[-m<int>][-n<int>][-mstd<float>][-mmax<int>][-inc<0|1>][-p<float>]"
+             f"[-t<{'|'.join(AA_RAND_SETS)}>] (e.g. rand-m9-mstd0.5-inc1), augmix[-m<int>][-w<int>][-d<int>]"
+             f"[-a<float>][-b<0|1>][-mstd<float>], or {'|'.join(AA_POLICIES)}[-mstd<float>]; '' for none")
+
+
+def check_auto_augment(value: str) -> None:
+    """Refuse an AUG.AUTO_AUGMENT string timm would reject with an assert or, worse, silently half-ignore
+    (timm skips any section without a number: rand-mX is RandAugment at the default magnitude)."""
+    policy, *sections = value.split("-")
+    kind = policy if policy in ("rand", "augmix") else "auto" if policy in AA_POLICIES else None
+    if kind is None:
+        raise UserError(f"AUG.AUTO_AUGMENT {value!r}: unknown policy {policy!r}; {AA_SYNTAX}")
+    for sec in sections:
+        if kind == "rand" and sec[:1] == "t" and sec[1:] in AA_RAND_SETS:
+            continue
+        key = sec.rstrip("0123456789.")
+        kinds = AA_SECTIONS[kind]
+        try:
+            ok = key in kinds and sec != key and kinds[key](sec[len(key):]) is not None
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UserError(f"AUG.AUTO_AUGMENT {value!r}: section {sec!r} is not one {policy} takes; {AA_SYNTAX}")
+
+
+def eval_interpolation(cfg: Any) -> str:
+    """AUG.INTERPOLATION for the eval resize; 'random' (a training augmentation) evaluates with bilinear."""
+    return "bilinear" if cfg.AUG.INTERPOLATION == "random" else cfg.AUG.INTERPOLATION
+
+
 def timm_transform(cfg: Any, is_training: bool) -> transforms.Compose:
     """timm's create_transform with every setting taken from cfg.DATA and cfg.AUG."""
     size = (cfg.MODEL.IN_CHANS, cfg.DATA.IMG_SIZE, cfg.DATA.IMG_SIZE)
     common = dict(interpolation=cfg.AUG.INTERPOLATION, mean=tuple(cfg.DATA.MEAN), std=tuple(cfg.DATA.STD))
     if not is_training:
+        common["interpolation"] = eval_interpolation(cfg)  # timm's eval resize has no 'random' (a KeyError)
         return create_transform(size, is_training=False, crop_pct=cfg.AUG.CROP_PCT, **common)
+    if cfg.AUG.AUTO_AUGMENT:
+        check_auto_augment(cfg.AUG.AUTO_AUGMENT)
     return create_transform(size, is_training=True, scale=tuple(cfg.AUG.SCALE), ratio=tuple(cfg.AUG.RATIO),
                             hflip=cfg.AUG.HFLIP, color_jitter=cfg.AUG.COLOR_JITTER or None,
                             auto_augment=cfg.AUG.AUTO_AUGMENT or None, re_prob=cfg.AUG.REPROB,
@@ -379,7 +477,10 @@ def timm_transform(cfg: Any, is_training: bool) -> transforms.Compose:
 
 
 def image_mode(cfg: Any) -> str:
-    """PIL mode the model's input channels need."""
+    """PIL mode the model's input channels need: L for 1, RGB for 3; image files give no other count."""
+    if cfg.MODEL.IN_CHANS not in (1, 3):
+        raise UserError(f"MODEL.IN_CHANS {cfg.MODEL.IN_CHANS}: image files are read as grayscale (1 channel) or "
+                        "RGB (3 channels); set MODEL.IN_CHANS 3 (or 1, with one DATA.MEAN and DATA.STD value)")
     return "L" if cfg.MODEL.IN_CHANS == 1 else "RGB"
 
 
@@ -454,10 +555,12 @@ def build_folder_datasets(cfg: Any, index: FolderIndex | None = None
     """Train and val datasets for DATA.NAME folder: scan (unless given), budget check, timm transforms."""
     if index is None:
         index = scan_folder(cfg)
+    from runner.data import check_classes
+
     check_budget(index, cfg)
-    if cfg.MODEL.NUM_CLASSES != len(index.classes):
-        raise UserError(f"DATA.ROOT {index.root} has {len(index.classes)} classes but MODEL.NUM_CLASSES is "
-                        f"{cfg.MODEL.NUM_CLASSES}: set MODEL.NUM_CLASSES {len(index.classes)}")
+    check_classes(cfg, index.classes, f"DATA.ROOT {index.root}")
+    for note in index.notes:
+        logger.warning("%s", note)
     datasets = [FolderDataset(index.samples(split), build_transform(cfg, split == "train"),
                               budget=cfg.DATA.BAD_FILE_BUDGET, known_bad=index.n_bad(split), split=split)
                 for split in SPLITS]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -47,17 +49,83 @@ def _create_sized(cfg, **extra) -> nn.Module:
     return _create(cfg, **extra)
 
 
-def build_model(cfg) -> nn.Module:
-    """A timm model from cfg.MODEL, with weights from MODEL.CHECKPOINT; never from the network."""
+def build_model(cfg, allow_new_head: bool = True) -> nn.Module:
+    """A timm model from cfg.MODEL, with weights from MODEL.CHECKPOINT; never from the network.
+
+    `allow_new_head` (training): a classifier of another size in MODEL.CHECKPOINT is skipped, with a log line;
+    evaluation and prediction pass False, so weights that do not fit exactly are refused.
+    """
+    check_model_name(cfg)
     if cfg.MODEL.PRETRAINED and not cfg.MODEL.CHECKPOINT:
         model = _pretrained_offline(cfg)
     else:
         model = _create_sized(cfg)
+    probe_input(model, cfg)
     if cfg.MODEL.CHECKPOINT:
-        from runner.checkpoint import load_weights
-
-        load_weights(model, cfg.MODEL.CHECKPOINT)
+        load_weights(model, cfg.MODEL.CHECKPOINT, allow_new_head=allow_new_head)
     return model
+
+
+def check_model_name(cfg) -> None:
+    """Refuse a pretrained tag (resnet18.a1_in1k) that timm does not know, or one that would load nothing.
+
+    A tag only chooses which pretrained weights MODEL.PRETRAINED loads; the architecture is the same. With
+    neither MODEL.PRETRAINED nor MODEL.CHECKPOINT the run would train from random weights under a name that
+    promises pretrained ones, so that is refused rather than silently ignored.
+    """
+    import timm
+
+    name = cfg.MODEL.NAME
+    arch, tag = timm.models.split_model_name_tag(name)
+    if "." not in name or not timm.is_model(arch):
+        return
+    tags = [t.split(".", 1)[1] for t in timm.list_pretrained(f"{arch}.*") if "." in t]
+    if tag not in tags:
+        known = f"its tags: {', '.join(tags[:8])}{', ...' if len(tags) > 8 else ''}" if tags else "it has none"
+        raise UserError(f"MODEL.NAME '{name}': timm has no pretrained tag '{tag}' for {arch} ({known}); "
+                        f"write MODEL.NAME {arch} for the architecture alone")
+    if not cfg.MODEL.PRETRAINED and not cfg.MODEL.CHECKPOINT:
+        raise UserError(f"MODEL.NAME '{name}' names pretrained weights ('.{tag}') but MODEL.PRETRAINED is false "
+                        f"and no MODEL.CHECKPOINT is set, so the weights would be random: write MODEL.NAME {arch} "
+                        "to train from scratch, or set MODEL.PRETRAINED true (weights in the local cache)")
+
+
+def probe_input(model: nn.Module, cfg) -> None:
+    """Run one blank image of DATA.IMG_SIZE through the model (eval mode, no grad) to refuse a size it cannot take.
+
+    Costs one forward pass of one image on the CPU (a few ms for resnet18 at 32 px; see docs in the report);
+    BatchNorm statistics are untouched (eval mode) and the train/eval mode is restored.
+    """
+    size, name = cfg.DATA.IMG_SIZE, cfg.MODEL.NAME
+    patch = _patch_size(model)
+    if patch and (size % patch[0] or size % patch[1]):
+        lower = max(size // patch[0] * patch[0], patch[0])
+        raise UserError(f"MODEL.NAME {name} cuts images into {patch[0]}x{patch[1]} patches, and DATA.IMG_SIZE "
+                        f"{size} is not a multiple of {patch[0]} (the rest of each image would be dropped): "
+                        f"use DATA.IMG_SIZE {lower} or {lower + patch[0]}")
+    was_training = model.training
+    x = torch.zeros(1, cfg.MODEL.IN_CHANS, size, size)
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(x)
+    except (RuntimeError, ValueError, AssertionError, IndexError) as e:
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise UserError(f"MODEL.NAME {name} cannot take DATA.IMG_SIZE {size} images ({reason}); "
+                        "use a larger DATA.IMG_SIZE (e.g. 32 or 224)") from None
+    finally:
+        model.train(was_training)
+
+
+def _patch_size(model: nn.Module) -> tuple[int, int] | None:
+    """The patch size of a ViT-style patch embedding that would silently drop a remainder, else None."""
+    from timm.layers import PatchEmbed
+
+    embed = getattr(model, "patch_embed", None)
+    if not isinstance(embed, PatchEmbed) or embed.dynamic_img_pad:  # others pad or take any size
+        return None
+    patch = embed.patch_size
+    return (patch, patch) if isinstance(patch, int) else tuple(patch)
 
 
 def _pretrained_offline(cfg) -> nn.Module:
@@ -73,6 +141,226 @@ def _pretrained_offline(cfg) -> nn.Module:
             f"({type(e).__name__}); weights are never downloaded: fetch them once elsewhere and set "
             "MODEL.CHECKPOINT /path/to/weights.pth (a state_dict or a runner checkpoint)"
         ) from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Weights from a file (MODEL.CHECKPOINT)
+# ---------------------------------------------------------------------------------------------------------
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP's and torch.compile's key prefixes
+STATE_KEYS = ("model", "state_dict", "model_state_dict")  # where runner, Lightning-style and other files keep weights
+
+
+def load_weights(model: nn.Module, path: str, allow_new_head: bool = False) -> dict:
+    """Load weights from a runner checkpoint, a plain state_dict or a .safetensors file; returns the other fields.
+
+    Every tensor must fit the model (names and shapes). With `allow_new_head` (training only) a classifier of
+    another size, or none, is left new, and an input conv for another MODEL.IN_CHANS is adapted as timm adapts
+    pretrained weights; both are logged. Anything else that does not fit is one UserError naming it.
+    """
+    where = f"MODEL.CHECKPOINT {path}"
+    sd, meta = _state_dict_of(read_weights_file(path, where), where)
+    own = model.state_dict()
+    wrong = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
+    missing = [k for k in own if k not in sd and not k.endswith("num_batches_tracked")]  # BN tolerates those
+    unexpected = [k for k in sd if k not in own]
+    skipped = []
+    if allow_new_head:
+        wrong = [k for k in wrong if not _adapt_first_conv(model, sd, own, k, where)]
+        head = _classifier_keys(model, own)
+        skipped = [f"{k} {_shape(sd[k])} (the model's: {_shape(own[k])})" for k in wrong if k in head]
+        skipped += [f"{k} (not in the file)" for k in missing if k in head]
+        for k in wrong:
+            if k in head:
+                del sd[k]
+        wrong, missing = [k for k in wrong if k not in head], [k for k in missing if k not in head]
+    if wrong or missing or unexpected or not set(sd) & set(own):
+        raise UserError(_misfit(where, model, own, sd, wrong, missing, unexpected, meta))
+    if skipped:
+        log.warning("%s: classifier left new for MODEL.NUM_CLASSES %d, skipped: %s", where,
+                    _num_classes(model), "; ".join(skipped))
+    model.load_state_dict(sd, strict=False)
+    log.info("weights loaded from %s (%d tensors)", path, len(sd))
+    return meta
+
+
+def read_weights_file(path: str, where: str) -> dict:
+    """The dict a weights file holds; a UserError saying what the file is when it holds none."""
+    import warnings
+
+    from runner.checkpoint import _describe, load_file
+
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{where} is a folder, not a weights file; name a .pth file in it (e.g. "
+                        f"{p / 'checkpoints' / 'best.pth'})")
+    if not p.is_file():
+        raise UserError(f"{where} does not exist; give a local weights file (.pth or .safetensors)")
+    kind = _sniff(p)
+    if kind == "safetensors":
+        return _read_safetensors(p, where)
+    if kind is not None:
+        raise UserError(f"{where} is {kind}, not a weights file; give a .pth written by torch.save "
+                        "(a runner checkpoint or a state_dict) or a .safetensors file")
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols before failing with its own error
+            warnings.simplefilter("ignore")
+            return load_file(p)
+    except ValueError as e:  # load_file: the file holds something other than a dict
+        raise UserError(f"{where} holds {str(e).replace('expected a dict, found ', 'a ')}, not a state_dict "
+                        "(a dict of tensors) nor a runner checkpoint") from None
+    except Exception as e:  # noqa: BLE001 - torch raises many types for a file it cannot read
+        raise UserError(f"{where} cannot be read as weights ({_load_reason(e) or _describe(e)})") from None
+
+
+def _sniff(p: Path) -> str | None:
+    """What a file that torch.load cannot read is ('an empty file', 'a PNG image', ...), or None to let it try."""
+    import zipfile
+
+    size = p.stat().st_size
+    if size == 0:
+        return "an empty file (0 bytes)"
+    with open(p, "rb") as f:
+        head = f.read(512)
+    for magic, what in ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+                        (b"\x1f\x8b", "a gzip file"), (b"%PDF", "a PDF document")):
+        if head.startswith(magic):
+            return what
+    if len(head) > 9 and head[8:9] == b"{" and 8 < int.from_bytes(head[:8], "little") < size:
+        return "safetensors"
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(p) as z:
+                names = z.namelist()
+        except zipfile.BadZipFile:
+            return None  # a torch file cut short, most likely: torch.load's error says so
+        if not any(n.endswith("data.pkl") for n in names):
+            return f"a zip archive but not a torch file (it holds {', '.join(names[:3]) or 'nothing'})"
+        return None
+    if b"\0" not in head:
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        first = " ".join(text.split())[:40]
+        hint = " (a config? configs go after --cfg)" if p.suffix in (".yaml", ".yml") else ""
+        return f"a text file beginning '{first}'{hint}"
+    return None
+
+
+def _read_safetensors(p: Path, where: str) -> dict:
+    """A .safetensors file's tensors (how timm and the Hugging Face hub ship weights)."""
+    try:
+        from safetensors.torch import load_file as load_safetensors
+
+        return load_safetensors(str(p))
+    except Exception as e:  # noqa: BLE001 - a damaged header raises the library's own error types
+        raise UserError(f"{where} looks like a .safetensors file but cannot be read ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:120] if str(e) else ''})") from None
+
+
+def _load_reason(e: Exception) -> str | None:
+    """torch.load's long messages, shortened to what the file is."""
+    text = str(e)
+    if "Weights only load failed" in text:
+        glob = re.search(r"GLOBAL ([\w.]+)", text)
+        found = f" ({glob.group(1)})" if glob else ""
+        return (f"a pickle holding Python objects other than tensors{found}, which weights_only loading refuses; "
+                "save only the weights: torch.save(model.state_dict(), path)")
+    if "central directory" in text or "PytorchStreamReader" in text:
+        return "a damaged torch file: cut short or changed after saving"
+    return None
+
+
+def _state_dict_of(obj: dict, where: str) -> tuple[dict, dict]:
+    """(the tensors, every other field) of a checkpoint dict; the wrappers' key prefixes removed."""
+    key = next((k for k in STATE_KEYS if k in obj), None)
+    sd = obj[key] if key is not None else obj
+    if not isinstance(sd, dict):
+        raise UserError(f"{where}: its '{key}' entry holds a {type(sd).__name__}, not a dict of tensors")
+    tensors = {_strip_wrappers(k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        keys = ", ".join(map(str, list(sd)[:5])) or "none"
+        raise UserError(f"{where} holds no tensors (its keys: {keys}): not model weights; give a runner "
+                        "checkpoint or a file written by torch.save(model.state_dict(), path)")
+    meta = {k: v for k, v in obj.items() if k != key} if key is not None else {}
+    return tensors, meta
+
+
+def _strip_wrappers(k: str) -> str:
+    """A state_dict key without DDP's module. and torch.compile's _orig_mod. prefixes."""
+    for prefix in WRAPPER_PREFIXES:
+        while k.startswith(prefix):
+            k = k[len(prefix):]
+    return k
+
+
+def _classifier_keys(model: nn.Module, own: dict) -> set[str]:
+    """The model's classifier tensors (timm's pretrained_cfg names them), e.g. {fc.weight, fc.bias}."""
+    names = getattr(model, "pretrained_cfg", {}).get("classifier") or ()
+    names = (names,) if isinstance(names, str) else tuple(names)
+    return {k for k in own if any(k.startswith(n + ".") for n in names)}
+
+
+def _adapt_first_conv(model: nn.Module, sd: dict, own: dict, key: str, where: str) -> bool:
+    """Adapt the input conv of a file saved for another MODEL.IN_CHANS (timm's rule); True when done."""
+    first = getattr(model, "pretrained_cfg", {}).get("first_conv")
+    firsts = (first,) if isinstance(first, str) else tuple(first or ())
+    if key not in {f"{f}.weight" for f in firsts} or sd[key].shape[2:] != own[key].shape[2:]:
+        return False
+    if sd[key].shape[0] != own[key].shape[0]:
+        return False
+    from timm.models import adapt_input_conv
+
+    was = sd[key].shape[1]
+    sd[key] = adapt_input_conv(own[key].shape[1], sd[key])
+    log.warning("%s: %s adapted from %d input channels to MODEL.IN_CHANS %d (as timm adapts pretrained weights)",
+                where, key, was, own[key].shape[1])
+    return True
+
+
+def _shape(t: torch.Tensor) -> str:
+    """[5, 512]"""
+    return str(list(t.shape))
+
+
+def _num_classes(model: nn.Module) -> int:
+    """The model's number of outputs."""
+    return int(getattr(model, "num_classes", 0))
+
+
+def _misfit(where: str, model: nn.Module, own: dict, sd: dict, wrong: list, missing: list, unexpected: list,
+            meta: dict) -> str:
+    """One line: what in the file does not fit the model, and which run saved it when the file says."""
+    name = getattr(model, "default_cfg", {}).get("architecture") or type(model).__name__
+    parts = []
+    if wrong:
+        parts.append(f"{len(wrong)} tensors have other shapes than {name}'s "
+                     f"({_few([f'{k} {_shape(sd[k])} vs {_shape(own[k])}' for k in wrong])})")
+    if missing:
+        parts.append(f"{len(missing)} of the model's tensors are missing ({_few(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} are not in {name} ({_few(unexpected)})")
+    if not parts:
+        parts.append(f"none of its {len(sd)} tensors belong to {name}")
+    return (f"{where} does not fit MODEL.NAME {name} with MODEL.NUM_CLASSES {_num_classes(model)}: "
+            f"{'; '.join(parts)}{_saved_by(meta)}")
+
+
+def _few(items: list[str], n: int = 2) -> str:
+    """The first n items, then '...' when there are more."""
+    return ", ".join(items[:n]) + (", ..." if len(items) > n else "")
+
+
+def _saved_by(meta: dict) -> str:
+    """'; it was saved by a run with MODEL.NAME x, MODEL.NUM_CLASSES n' from a runner checkpoint's config."""
+    import yaml
+
+    try:
+        model = yaml.safe_load(meta["config"])["MODEL"]
+        return (f"; it was saved by a run with MODEL.NAME {model['NAME']}, MODEL.NUM_CLASSES {model['NUM_CLASSES']}"
+                f", MODEL.IN_CHANS {model['IN_CHANS']}: use those")
+    except Exception:  # noqa: BLE001 - not a runner checkpoint, or an older layout: nothing to add
+        return "; use the MODEL settings of the run that saved it"
 
 
 def prepare_model(model: nn.Module, cfg, dist: Dist) -> tuple[nn.Module, nn.Module]:

@@ -8,7 +8,7 @@ class in each split, every structural problem and every bad file with its reason
 
 exit codes: 0 clean; 1 bad files found (listed; training skips them while their share stays within
 DATA.BAD_FILE_BUDGET); 2 structural problems (missing root or split folder, empty split, empty class,
-class folders that differ between train and val) or bad arguments.
+class folders that differ between train and val, fewer MODEL.NUM_CLASSES than classes) or bad arguments.
 """
 from __future__ import annotations
 
@@ -39,6 +39,18 @@ def print_counts(index) -> None:
     print(f"{'total':<{width}}  " + "  ".join(f"{x:>14}" for x in totals))
 
 
+def class_count_problems(index, cfg) -> list[str]:
+    """MODEL.NUM_CLASSES against the classes found: fewer outputs is a problem (training refuses it), more a note."""
+    n, k = len(index.classes), cfg.MODEL.NUM_CLASSES
+    if not n or k == n:
+        return []
+    if k > n:
+        print(f"\nnote: MODEL.NUM_CLASSES is {k} but DATA.ROOT has {n} classes: outputs {n}..{k - 1} never get "
+              "a target (training warns about it)")
+        return []
+    return [f"DATA.ROOT {index.root} has {n} classes but MODEL.NUM_CLASSES is {k}: set MODEL.NUM_CLASSES {n}"]
+
+
 @cli
 def main(argv: list[str] | None = None) -> int:
     """Scan DATA.ROOT with every file checked; report; exit 0 clean, 1 bad files, 2 structural problems."""
@@ -60,15 +72,18 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "over" if n_bad / n_all > cfg.DATA.BAD_FILE_BUDGET else "within"
             print(f"\n{split}: {n_bad} of {n_all} files bad ({n_bad / n_all:.2%}), {verdict} "
                   f"DATA.BAD_FILE_BUDGET {cfg.DATA.BAD_FILE_BUDGET:.2%}")
+    problems = index.problems + class_count_problems(index, cfg)
+    for note in index.notes:
+        print(f"\nnote: {note}")
     if index.bad:
         print(f"\n{len(index.bad)} bad files:")
         for path, reason in index.bad:
             print(f"  {path}: {reason}")
-    if index.problems:
-        print(f"\n{len(index.problems)} structural problem(s):")
-        for p in index.problems:
+    if problems:
+        print(f"\n{len(problems)} structural problem(s):")
+        for p in problems:
             print(f"  {p}")
-        print(f"error: {index.problems[0]}", file=sys.stderr)
+        print(f"error: {problems[0]}", file=sys.stderr)
         return 2
     if not index.bad:
         print("\nall files are readable images")

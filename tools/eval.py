@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(None, dist.rank)
     configure_backends(cfg, dist.device)
     data = build_data(cfg, dist)
-    model = build_model(cfg).to(dist.device)
+    model = build_model(cfg, allow_new_head=False).to(dist.device)  # a new head would score noise
     res = evaluate(model, data.val, dist.device, autocast_for(cfg, dist.device))
     res = {"val/top1": res["top1"], "val/top5": res["top5"], "val/loss": res["loss"], "val/count": res["count"],
            "checkpoint": cfg.MODEL.CHECKPOINT, "world_size": dist.world_size}

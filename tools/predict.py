@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -66,8 +67,9 @@ def class_names(meta: dict, cfg, checkpoint: str, n: int) -> list[str]:
     train_dir = Path(cfg.DATA.ROOT).expanduser() / "train"
     if len(names) != n and cfg.DATA.NAME == "folder" and train_dir.is_dir():
         names = [d.name for d in class_dirs(train_dir)]
-    if len(names) != n:
-        names = [str(i) for i in range(n)]
+    if len(names) != n:  # more outputs than the data's classes (a warned-about setting): the extra get indices
+        known = list(meta.get("class_names") or [])
+        names = known[:n] + [str(i) for i in range(len(known[:n]), n)]
     return [str(x) for x in names]
 
 
@@ -75,7 +77,12 @@ def load_input(path: str, transform) -> torch.Tensor:
     """One image file through the eval transform; UserError naming the file when it cannot be read."""
     from runner.folder import DECODE_ERRORS, open_image
 
-    if not Path(path).is_file():
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"image {path} is a folder; give image files, e.g. {p / '*.jpg'}")
+    if p.is_symlink() and not p.exists():
+        raise UserError(f"image {path} is a broken symbolic link (to {os.readlink(p)}, which does not exist)")
+    if not p.is_file():
         raise UserError(f"image {path} does not exist")
     try:
         return transform(open_image(path))
@@ -100,16 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--topk {info.args.topk}: give a number of classes >= 1")
     if not images:
         raise UserError("no image given: add one or more image paths after the config arguments")
-    from runner.checkpoint import load_weights
     from runner.folder import build_transform
-    from runner.model import build_model
+    from runner.model import build_model, load_weights
 
     bare = cfg.clone()
     bare.defrost()
     bare.MODEL.CHECKPOINT = ""  # loaded below, once, keeping the checkpoint's metadata
     bare.freeze()
     model = build_model(bare)
-    meta = load_weights(model, cfg.MODEL.CHECKPOINT)
+    meta = load_weights(model, cfg.MODEL.CHECKPOINT, allow_new_head=False)  # a new head would predict noise
     use_cuda = cfg.DEVICE == "cuda" or (cfg.DEVICE == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
     model.to(device).eval()
