@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from utils import assert_user_error
+from utils import assert_user_error, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("lr_x_model.sh", "per_gpu.sh", "torchrun.sh")
@@ -148,3 +148,13 @@ def test_sweep_root_that_is_a_file(tmp_path: Path) -> None:
     out = sweep("lr_x_model.sh", tmp_path, timeout=20, SWEEP_ROOT="taken/sweep")
     assert_user_error(out, "SWEEP_ROOT=taken/sweep cannot be made a folder")
     assert (tmp_path / "taken").read_text() == "my notes"
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--repeat", "0"], ["--repeat 0", "at least 1"]),
+    (["--cfg", "nope.yaml"], ["nope.yaml not found"]),
+    (["TRAIN.LR", "abc"], ["TRAIN.LR expects a number"]),
+])
+def test_overhead_mistakes(args: list[str], fragments: list[str]) -> None:
+    # used to end in an IndexError or a CalledProcessError traceback from the timed child
+    assert_user_error(run_tool("sweeps/overhead.py", args, timeout=60), *fragments)

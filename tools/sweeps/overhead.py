@@ -20,7 +20,7 @@ T0 = time.perf_counter()
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from runner.errors import cli
+from runner.errors import UserError, cli
 
 
 def child(argv: list[str]) -> dict[str, float]:
@@ -67,10 +67,16 @@ def child(argv: list[str]) -> dict[str, float]:
 
 
 def wall_s(args: list[str]) -> tuple[float, str]:
-    """Wall seconds and stdout of `python args` in a fresh interpreter."""
+    """Wall seconds and stdout of `python args` in a fresh interpreter; its one-line mistake becomes ours."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, *args], check=True, capture_output=True, text=True, cwd=REPO).stdout
-    return time.perf_counter() - t0, out
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode == 2:  # a mistake the child found (e.g. a model name timm does not have)
+        lines = proc.stderr.strip().splitlines() or ["exit code 2"]
+        raise UserError(lines[-1].removeprefix("error: "))
+    if proc.returncode != 0:
+        raise RuntimeError(f"the timed child failed with exit code {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return elapsed, proc.stdout
 
 
 def measure(argv: list[str]) -> dict[str, float]:
@@ -94,6 +100,11 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(rest)))
         return 0
+    if args.repeat < 1:
+        raise UserError(f"--repeat {args.repeat}: give the number of rounds, at least 1 (default 3)")
+    from runner.config import load_config
+
+    load_config(rest)  # a mistake in the config is one line here, before any child starts
     rounds = [measure(rest) for _ in range(args.repeat)]
     for name in rounds[0]:
         print(f"{name:50s} {statistics.median(r[name] for r in rounds):7.2f} s")
