@@ -66,18 +66,6 @@ def _observe_only(key: str) -> bool:
     return key in RESUME_SAFE_KEYS and key not in LENGTH_KEYS
 
 
-# Resume-safe keys that the HParams tab still shows: a run may be extended with a new value, but the value
-# changes what the run learned (the other resume-safe keys only observe it: logging, workers, checkpoints)
-LENGTH_KEYS = frozenset(["TRAIN.EPOCHS", "TRAIN.MAX_STEPS"])
-
-
-def _observe_only(key: str) -> bool:
-    """True for a key that never changes what a run learns (runner.config.RESUME_SAFE_KEYS, less the length)."""
-    from runner.config import RESUME_SAFE_KEYS
-
-    return key in RESUME_SAFE_KEYS and key not in LENGTH_KEYS
-
-
 def run_hparams(cfg, keys: list[str]) -> dict:
     """The config keys shown in TensorBoard's HParams tab, with the run's values.
 
