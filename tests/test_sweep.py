@@ -118,3 +118,27 @@ def test_deleted_point_is_redone_alone(swept) -> None:
     assert {p: snapshot(root / p) for p in others} == before
     rows = {r["run"]: r for r in summary_rows(root)}
     assert rows[redo]["status"] == "done" and rows[redo]["val/top1"] != ""
+
+
+def test_every_point_has_the_same_hparams_columns(swept) -> None:
+    # TensorBoard's HParams tab takes its columns from one point: all four must list the swept keys, the
+    # lr0.1 points too (0.1 is the default LR)
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    root, _ = swept
+    mux = EventMultiplexer().AddRunsFromDirectory(str(root))
+    mux.Reload()
+    content = mux.PluginRunToTagToContent("hparams")
+    assert sorted(content) == sorted(POINTS)
+    columns = {}
+    for point in POINTS:
+        data = plugin_data_pb2.HParamsPluginData.FromString(content[point]["_hparams_/session_start_info"])
+        columns[point] = sorted(data.session_start_info.hparams)
+        lr, model = point[2:].split("_", 1)
+        assert data.session_start_info.hparams["TRAIN.LR"].number_value == float(lr)
+        assert data.session_start_info.hparams["MODEL.NAME"].string_value == model
+    assert all(c == columns[POINTS[0]] for c in columns.values())
+    # the sweep's keys (TINY's, without the logging ones) and nothing the config file alone sets
+    assert columns[POINTS[0]] == sorted(["TRAIN.LR", "MODEL.NAME", "TRAIN.EPOCHS", "TRAIN.MAX_STEPS",
+                                         "DATA.IMG_SIZE", "DATA.BATCH_SIZE", "DATA.VAL_FRACTION"])
