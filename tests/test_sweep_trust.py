@@ -24,6 +24,9 @@ args = sys.argv[1:]
 if any(a.endswith("train.py") for a in args):  # a point: record its argv, act as told
     with open(os.environ["ARGV_LOG"], "a") as f:
         f.write(json.dumps(args) + "\\n")
+    if "CUDA_LOG" in os.environ:  # the GPUs the point was given
+        with open(os.environ["CUDA_LOG"], "a") as f:
+            f.write(json.dumps(os.environ.get("CUDA_VISIBLE_DEVICES")) + "\\n")
     sys.exit(int(os.environ.get("FAKE_RC", "0")))
 os.execv(sys.executable, [sys.executable, *args])
 """
@@ -158,3 +161,31 @@ def test_sweep_root_that_is_a_file(tmp_path: Path) -> None:
 def test_overhead_mistakes(args: list[str], fragments: list[str]) -> None:
     # used to end in an IndexError or a CalledProcessError traceback from the timed child
     assert_user_error(run_tool("sweeps/overhead.py", args, timeout=60), *fragments)
+
+
+@pytest.fixture
+def two_gpus(tmp_path: Path) -> str:
+    """A PATH whose nvidia-smi lists two GPUs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: Fake (UUID: GPU-a)'\necho 'GPU 1: Fake (UUID: GPU-b)'\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+@pytest.mark.parametrize("visible, expected", [
+    (None, ["0", "1", "0", "1"]),  # nvidia-smi's two GPUs, one per point at a time
+    ("", [""] * 4),  # set but empty: every GPU stays hidden, the points run on the CPU
+    ("3, 5", ["3", "5", "3", "5"]),
+])
+def test_gpus_given_to_points(visible: str | None, expected: list, tmp_path: Path, fake_python: Path,
+                              two_gpus: str) -> None:
+    log, cuda = tmp_path / "argv.jsonl", tmp_path / "cuda.jsonl"
+    env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
+    out = sweep("per_gpu.sh", tmp_path, PYTHON=str(fake_python), ARGV_LOG=str(log), CUDA_LOG=str(cuda),
+                SWEEP_ROOT="sw", LRS="0.1 0.05", MODELS="a b", PATH=two_gpus, NUM_GPUS="", **env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = [json.loads(line) for line in cuda.read_text().splitlines()]
+    assert sorted(got, key=str) == sorted(expected, key=str)
+    assert ("no GPU found" in out.stdout) == (visible == "")

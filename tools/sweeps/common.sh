@@ -135,8 +135,8 @@ sweep_end() {  # wait for the running points, print the summary, exit non-zero w
 gpu_list() {  # set GPUS to the device ids: CUDA_VISIBLE_DEVICES, else nvidia-smi; NUM_GPUS caps (or sets) the count
   local i n=0 ids=()
   [[ -z ${NUM_GPUS:-} ]] || need_count NUM_GPUS "$NUM_GPUS" 0
-  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
-    IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
+  if [[ -n ${CUDA_VISIBLE_DEVICES+set} ]]; then  # set but empty hides every GPU: the points then use the CPU
+    IFS=$', \t' read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
   else
     n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || n=0
     n=${NUM_GPUS:-$n}  # where nvidia-smi is missing, NUM_GPUS says how many there are
