@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,8 +47,15 @@ def sweep(script: str, cwd: Path, *args: str, timeout: float = 60, **env: str) -
     full = dict(os.environ, NUM_GPUS="0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     full.pop("CUDA_VISIBLE_DEVICES", None)
     full.update(env)
-    return subprocess.run(["bash", str(ROOT / "tools" / "sweeps" / script), *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen(["bash", str(ROOT / "tools" / "sweeps" / script), *args], cwd=cwd, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the script and every point it started
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def points(log: Path) -> list[list[str]]:
@@ -189,3 +197,13 @@ def test_gpus_given_to_points(visible: str | None, expected: list, tmp_path: Pat
     got = [json.loads(line) for line in cuda.read_text().splitlines()]
     assert sorted(got, key=str) == sorted(expected, key=str)
     assert ("no GPU found" in out.stdout) == (visible == "")
+
+
+def test_repeated_item_and_too_many_processes(tmp_path: Path, two_gpus: str) -> None:
+    # LRS="0.1 0.1" used to run two points in one folder (side by side with JOBS=2: one refused as busy)
+    assert_user_error(sweep("per_gpu.sh", tmp_path, SWEEP_ROOT="sw", LRS="0.1 0.05 0.1", JOBS="2"),
+                      "LRS lists 0.1 twice")
+    # three processes on two GPUs used to get CUDA_VISIBLE_DEVICES=0,1,0
+    assert_user_error(sweep("torchrun.sh", tmp_path, SWEEP_ROOT="sw", NPROC="3", PATH=two_gpus, NUM_GPUS=""),
+                      "NPROC=3 is more than the 2 GPU(s) found")
+    assert not (tmp_path / "sw").exists()

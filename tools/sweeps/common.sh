@@ -24,6 +24,7 @@ need_count() {  # NAME VALUE [MIN]: exit 2 unless VALUE is a whole number of at 
 sweep_list() {  # VAR DEFAULT: set ITEMS to the items of $VAR (DEFAULT when unset or empty), see the header
   local value=${!1:-$2} item
   local -a raw=()
+  local -A seen=()
   ITEMS=()
   if [[ $value == *$'\n'* ]]; then
     mapfile -t raw <<<"$value"
@@ -33,7 +34,11 @@ sweep_list() {  # VAR DEFAULT: set ITEMS to the items of $VAR (DEFAULT when unse
   for item in "${raw[@]}"; do
     item=${item#"${item%%[![:space:]]*}"}  # a line's leading and trailing blanks are not part of its item
     item=${item%"${item##*[![:space:]]}"}
-    [[ -z $item ]] || ITEMS+=("$item")
+    [[ -n $item ]] || continue
+    # the same item twice would be two points in one folder, racing each other when they run side by side
+    [[ -z ${seen[$item]+set} ]] || sweep_fail "$1 lists $item twice; give each value once"
+    seen[$item]=1
+    ITEMS+=("$item")
   done
   ((${#ITEMS[@]})) || sweep_fail "$1 holds no value; give a space-separated list, e.g. $1=\"$2\""
 }

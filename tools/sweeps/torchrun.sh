@@ -36,6 +36,7 @@ gpu_list
 NGPU=${#GPUS[@]}
 NPROC=${NPROC:-$((NGPU ? NGPU : 2))}
 need_count NPROC "$NPROC"
+((NGPU == 0 || NPROC <= NGPU)) || sweep_fail "NPROC=$NPROC is more than the $NGPU GPU(s) found; give NPROC=$NGPU or less"
 sweep_init torchrun "${JOBS:-$((NGPU >= 2 * NPROC ? NGPU / NPROC : 1))}"
 SLOT_PORT=()
 for lr in "${lrs[@]}"; do
