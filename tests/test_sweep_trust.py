@@ -207,3 +207,17 @@ def test_repeated_item_and_too_many_processes(tmp_path: Path, two_gpus: str) -> 
     assert_user_error(sweep("torchrun.sh", tmp_path, SWEEP_ROOT="sw", NPROC="3", PATH=two_gpus, NUM_GPUS=""),
                       "NPROC=3 is more than the 2 GPU(s) found")
     assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.parametrize("script, args, fragment", [
+    ("lr_x_model.sh", ["TRAIN.EPOCHS", "2", "TRAIN.LR", "0.01"], "TRAIN.LR is set per point by this sweep"),
+    ("per_gpu.sh", ["MODEL.NAME", "resnet50"], "give MODELS=... instead"),
+    ("torchrun.sh", ["OUTPUT_DIR", "out"], "give SWEEP_ROOT=... instead"),
+])
+def test_extra_argument_that_would_override_the_swept_key(script: str, args: list[str], fragment: str,
+                                                          tmp_path: Path, fake_python: Path) -> None:
+    # the extra arguments come last, so they used to win: every point trained the same LR, model or folder
+    log = tmp_path / "argv.jsonl"
+    out = sweep(script, tmp_path, *args, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw", NPROC="1")
+    assert_user_error(out, fragment)
+    assert points(log) == [] and not (tmp_path / "sw").exists()

@@ -43,6 +43,18 @@ sweep_list() {  # VAR DEFAULT: set ITEMS to the items of $VAR (DEFAULT when unse
   ((${#ITEMS[@]})) || sweep_fail "$1 holds no value; give a space-separated list, e.g. $1=\"$2\""
 }
 
+check_extra() {  # KEY=VAR... -- ARGS...: exit 2 when an extra argument sets a key the sweep sets per point
+  # (the extra arguments come last on each point's command line, so they would win: every point the same)
+  local -A owner=([OUTPUT_DIR]=SWEEP_ROOT)
+  while [[ $1 != -- ]]; do owner[${1%%=*}]=${1#*=}; shift; done
+  shift
+  local arg
+  for arg in "$@"; do
+    [[ -z ${owner[$arg]+set} ]] ||
+      sweep_fail "$arg is set per point by this sweep; drop it from the arguments and give ${owner[$arg]}=... instead"
+  done
+}
+
 point_name() {  # TEXT: a point's folder name: TEXT with / made _ (one folder per point, never a subfolder)
   echo "${1//\//_}"
 }

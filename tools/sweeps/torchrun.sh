@@ -9,6 +9,7 @@
 # LRS and MODELS are lists taken as typed, never glob-expanded (MODELS='resnet*' is the model name resnet*):
 # space-separated, or one item per line when an item holds spaces (MODELS=$'a b\nc'). A KEY VALUE argument
 # with spaces is passed whole when quoted: ... AUG.SCALE '(0.5, 1.0)'. A / in a point's name becomes _.
+# Extra arguments must not set TRAIN.LR, MODEL.NAME or OUTPUT_DIR (give LRS, MODELS, SWEEP_ROOT).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -16,6 +17,7 @@ sweep_list LRS "0.2 0.1 0.05"
 lrs=("${ITEMS[@]}")
 sweep_list MODELS "resnet18 resnet10t"
 models=("${ITEMS[@]}")
+check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
 
 free_port() {  # a TCP port free now and not given to a running point of this sweep
   local port
