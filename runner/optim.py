@@ -1,8 +1,12 @@
 """Optimizer and LR schedule through timm's factories."""
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.nn as nn
+
+from runner.errors import UserError
 
 _FUSED = {"sgd", "momentum", "adam", "adamw"}  # timm maps these onto torch.optim classes with fused kernels
 
@@ -21,12 +25,46 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device, world_size: int
 
     kwargs = {}
     opt = cfg.TRAIN.OPTIMIZER.lower()
-    if cfg.TRAIN.FUSED and device.type == "cuda" and opt in _FUSED:
+    base = opt.split("_")[-1]  # lookahead_adamw wraps adamw
+    if cfg.TRAIN.FUSED and device.type == "cuda" and base in _FUSED:
         kwargs["fused"] = True  # one kernel per step, and no GradScaler sync for inf checks
-    else:
-        kwargs["foreach"] = True
-    return create_optimizer_v2(model, opt=opt, lr=scaled_lr(cfg, world_size), weight_decay=cfg.TRAIN.WEIGHT_DECAY,
-                               momentum=cfg.TRAIN.MOMENTUM, **kwargs)
+    elif _accepts(base, "foreach"):
+        kwargs["foreach"] = True  # 27 of timm's classes (adamp, madgrad, novograd, ...) take no foreach argument
+    if base.startswith("kron") and importlib.util.find_spec("opt_einsum") is None:
+        raise UserError(f"TRAIN.OPTIMIZER {opt} needs the opt_einsum package (pip install opt_einsum): without it "
+                        "torch.einsum contracts Kron's preconditioners in an order that allocates gigabytes per "
+                        "layer; or choose another optimizer")
+    optimizer = create_optimizer_v2(model, opt=opt, lr=scaled_lr(cfg, world_size),
+                                    weight_decay=cfg.TRAIN.WEIGHT_DECAY, momentum=cfg.TRAIN.MOMENTUM, **kwargs)
+    if device.type != "cuda":
+        _eager_kron(optimizer)
+    return optimizer
+
+
+def _eager_kron(optimizer: torch.optim.Optimizer) -> None:
+    """Kron's preconditioner math without torch.compile (same numbers): on CPU, compiling it takes ~40 s per
+    tensor shape and Inductor's buffers reach gigabytes."""
+    from timm.optim import kron
+
+    inner = getattr(optimizer, "base_optimizer", optimizer)  # lookahead_kron
+    if not isinstance(inner, kron.Kron):
+        return
+    for name in ("_calc_A_and_conjB", "_q_terms", "_precond_grad", "_balance_Q"):
+        if hasattr(kron, name):
+            setattr(inner, name, getattr(kron, name))
+
+
+def _accepts(name: str, arg: str) -> bool:
+    """True when timm's optimizer class for `name` takes the keyword `arg`."""
+    import inspect
+
+    from timm.optim import get_optimizer_class
+
+    try:
+        params = inspect.signature(get_optimizer_class(name, bind_defaults=False)).parameters
+    except (TypeError, ValueError):  # a callable without a readable signature: do not guess
+        return False
+    return arg in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 class ConstantLR:
