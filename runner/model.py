@@ -93,8 +93,9 @@ def check_model_name(cfg) -> None:
 def probe_input(model: nn.Module, cfg) -> None:
     """Run one blank image of DATA.IMG_SIZE through the model (eval mode, no grad) to refuse a size it cannot take.
 
-    Costs one forward pass of one image on the CPU (a few ms for resnet18 at 32 px; see docs in the report);
-    BatchNorm statistics are untouched (eval mode) and the train/eval mode is restored.
+    Costs one forward pass of one image on the CPU, measured on one thread: 8 ms for resnet18 at 32 px, 0.15 s
+    for resnet50 and 0.6 s for vit_base_patch16_224 at 224 px (about half of creating the model). BatchNorm
+    statistics are untouched (eval mode) and the model's train/eval mode is restored.
     """
     size, name = cfg.DATA.IMG_SIZE, cfg.MODEL.NAME
     patch = _patch_size(model)
@@ -243,6 +244,8 @@ def _sniff(p: Path) -> str | None:
             return None
         first = " ".join(text.split())[:40]
         hint = " (a config? configs go after --cfg)" if p.suffix in (".yaml", ".yml") else ""
+        if text.startswith("version https://git-lfs"):
+            hint = " (a Git LFS pointer: fetch the file itself with git lfs pull)"
         return f"a text file beginning '{first}'{hint}"
     return None
 

@@ -115,6 +115,8 @@ def test_class_names_fall_back_in_order(tmp_path: Path):
     write_class_map(tmp_path / "run", ["cat", "dog"])
     assert names_of({}, cfg, str(ckpt), 2) == ["cat", "dog"]
     assert names_of({"class_names": ["x", "y", "z"]}, cfg, str(ckpt), 2) == ["cat", "dog"]  # wrong count
+    # more outputs than the run's classes (MODEL.NUM_CLASSES above the folders): names, then indices
+    assert names_of({"class_names": ["a", "b"]}, cfg, str(ckpt), 4) == ["a", "b", "2", "3"]
 
 
 def test_split_images_from_overrides():
