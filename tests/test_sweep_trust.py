@@ -152,6 +152,17 @@ def test_sweep_setting_mistakes(settings: dict, fragment: str, tmp_path: Path) -
 def test_torchrun_nproc_mistake(tmp_path: Path) -> None:
     out = sweep("torchrun.sh", tmp_path, timeout=20, SWEEP_ROOT="sw", NPROC="0")
     assert_user_error(out, "NPROC=0 is not a whole number of at least 1")
+    out = sweep("torchrun.sh", tmp_path, timeout=20, SWEEP_ROOT="sw", NPROC="1", MAX_RESTARTS="x")
+    assert_user_error(out, "MAX_RESTARTS=x is not a whole number of at least 0")
+
+
+def test_counts_with_leading_zero(tmp_path: Path, fake_python: Path) -> None:
+    # bash arithmetic reads 08 as a bad octal number: the script used to stop with its own error
+    log = tmp_path / "argv.jsonl"
+    out = sweep("per_gpu.sh", tmp_path, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw", JOBS="08",
+                LRS="0.1", MODELS="a b")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "8 point(s) at a time" in out.stdout and len(points(log)) == 2
 
 
 def test_sweep_root_that_is_a_file(tmp_path: Path) -> None:
@@ -183,11 +194,11 @@ def two_gpus(tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("visible, expected", [
-    (None, ["0", "1", "0", "1"]),  # nvidia-smi's two GPUs, one per point at a time
-    ("", [""] * 4),  # set but empty: every GPU stays hidden, the points run on the CPU
-    ("3, 5", ["3", "5", "3", "5"]),
+    (None, {"0", "1"}),  # nvidia-smi's two GPUs, each running one point at a time
+    ("", {""}),  # set but empty: every GPU stays hidden, the points run on the CPU
+    ("3, 5", {"3", "5"}),
 ])
-def test_gpus_given_to_points(visible: str | None, expected: list, tmp_path: Path, fake_python: Path,
+def test_gpus_given_to_points(visible: str | None, expected: set, tmp_path: Path, fake_python: Path,
                               two_gpus: str) -> None:
     log, cuda = tmp_path / "argv.jsonl", tmp_path / "cuda.jsonl"
     env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
@@ -195,7 +206,7 @@ def test_gpus_given_to_points(visible: str | None, expected: list, tmp_path: Pat
                 SWEEP_ROOT="sw", LRS="0.1 0.05", MODELS="a b", PATH=two_gpus, NUM_GPUS="", **env)
     assert out.returncode == 0, out.stdout + out.stderr
     got = [json.loads(line) for line in cuda.read_text().splitlines()]
-    assert sorted(got, key=str) == sorted(expected, key=str)
+    assert len(got) == 4 and set(got) == expected  # which GPU gets which point depends on which ends first
     assert ("no GPU found" in out.stdout) == (visible == "")
 
 

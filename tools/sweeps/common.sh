@@ -16,9 +16,10 @@ sweep_fail() {  # MESSAGE: a mistake in the sweep's settings: one line on stderr
   exit 2
 }
 
-need_count() {  # NAME VALUE [MIN]: exit 2 unless VALUE is a whole number of at least MIN (default 1)
+need_count() {  # NAME VALUE [MIN]: exit 2 unless VALUE is a whole number of at least MIN (default 1); sets NAME
   [[ $2 =~ ^[0-9]+$ ]] && ((10#$2 >= ${3:-1})) ||
     sweep_fail "$1=$2 is not a whole number of at least ${3:-1}; e.g. $1=2"
+  printf -v "$1" '%d' "$((10#$2))"  # decimal: bash arithmetic would read 08 as a bad octal number
 }
 
 sweep_list() {  # VAR DEFAULT: set ITEMS to the items of $VAR (DEFAULT when unset or empty), see the header
@@ -62,7 +63,7 @@ point_name() {  # TEXT: a point's folder name: TEXT with / made _ (one folder pe
 sweep_init() {  # NAME SLOTS: sets ROOT (SWEEP_ROOT or output/sweeps/NAME) and the bookkeeping
   ROOT=${SWEEP_ROOT:-output/sweeps/$1}
   need_count JOBS "$2"
-  NSLOTS=$2
+  NSLOTS=$JOBS
   command -v "$PY" >/dev/null || sweep_fail "PYTHON=$PY is not a program found on PATH; give the interpreter"
   [[ -f $CFG ]] || sweep_fail "CFG=$CFG is not a file; give a config file, e.g. CFG=configs/digits/resnet18.yaml"
   mkdir -p -- "$ROOT" 2>/dev/null || sweep_fail "SWEEP_ROOT=$ROOT cannot be made a folder; give a folder path"

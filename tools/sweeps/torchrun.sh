@@ -38,7 +38,9 @@ gpu_list
 NGPU=${#GPUS[@]}
 NPROC=${NPROC:-$((NGPU ? NGPU : 2))}
 need_count NPROC "$NPROC"
-((NGPU == 0 || NPROC <= NGPU)) || sweep_fail "NPROC=$NPROC is more than the $NGPU GPU(s) found; give NPROC=$NGPU or less"
+need_count MAX_RESTARTS "${MAX_RESTARTS:-0}" 0
+((NGPU == 0 || NPROC <= NGPU)) ||
+  sweep_fail "NPROC=$NPROC is more than the $NGPU GPU(s) found; give NPROC=$NGPU or less"
 sweep_init torchrun "${JOBS:-$((NGPU >= 2 * NPROC ? NGPU / NPROC : 1))}"
 SLOT_PORT=()
 for lr in "${lrs[@]}"; do
@@ -50,9 +52,9 @@ for lr in "${lrs[@]}"; do
     device=()
     ((NGPU == 0)) || device=("CUDA_VISIBLE_DEVICES=$(slot_devices)")
     slot_run "$name" env "${device[@]}" "$PY" -m torch.distributed.run --nnodes=1 --nproc_per_node="$NPROC" \
-      --max-restarts="${MAX_RESTARTS:-0}" --rdzv-backend=c10d --rdzv-endpoint="localhost:${SLOT_PORT[SLOT]}" \
-      --rdzv-id="${name//[^A-Za-z0-9_.-]/_}" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" MODEL.NAME "$model" \
-      OUTPUT_DIR "$ROOT/$name" "$@"
+      --max-restarts="$MAX_RESTARTS" --rdzv-backend=c10d --rdzv-endpoint="localhost:${SLOT_PORT[SLOT]}" \
+      --rdzv-id="${name//[^A-Za-z0-9_.-]/_}" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" \
+      MODEL.NAME "$model" OUTPUT_DIR "$ROOT/$name" "$@"
   done
 done
 sweep_end
