@@ -188,7 +188,7 @@ def read_weights_file(path: str, where: str) -> dict:
     """The dict a weights file holds; a UserError saying what the file is when it holds none."""
     import warnings
 
-    from runner.checkpoint import _describe, load_file
+    from runner.checkpoint import _describe
 
     p = Path(path)
     if p.is_dir():
@@ -205,12 +205,13 @@ def read_weights_file(path: str, where: str) -> dict:
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols before failing with its own error
             warnings.simplefilter("ignore")
-            return load_file(p)
-    except ValueError as e:  # load_file: the file holds something other than a dict
-        raise UserError(f"{where} holds {str(e).replace('expected a dict, found ', 'a ')}, not a state_dict "
-                        "(a dict of tensors) nor a runner checkpoint") from None
+            obj = torch.load(p, map_location="cpu", weights_only=True)  # no pickled code runs
     except Exception as e:  # noqa: BLE001 - torch raises many types for a file it cannot read
         raise UserError(f"{where} cannot be read as weights ({_load_reason(e) or _describe(e)})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{where} holds a {type(obj).__name__}, not a state_dict (a dict of tensors) nor a "
+                        "runner checkpoint")
+    return obj
 
 
 def _sniff(p: Path) -> str | None:
