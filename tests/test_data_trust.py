@@ -77,6 +77,12 @@ def test_malformed_auto_augment_is_refused_at_setup(three: Path, tmp_path: Path,
     assert "augmix" in line and "original|originalr|v0|v0r|3a" in line
 
 
+def test_check_data_refuses_the_transform_settings_training_refuses(three: Path):
+    proc = run_tool("check_data.py", ["DATA.NAME", "folder", "DATA.ROOT", str(three), "MODEL.NUM_CLASSES", "3",
+                                      "AUG.AUTO_AUGMENT", "rand-mX"])
+    assert_user_error(proc, "AUG.AUTO_AUGMENT 'rand-mX': section 'mX'")
+
+
 MISREAD = ["randaugment", "rand-m9-n", "rand-m1.5", "augmix-x3", "v1", "v0-m3", "rand-tfoo", "rand--m9"]
 VALID = ["rand", "rand-m9-mstd0.5-inc1", "rand-m9-n3-mstd0.5", "rand-mstd1-tweights", "rand-m7-mmax10-p0.5",
          "augmix-m5-w4-d2", "augmix-a1.0-b1-mstd0.5", "original", "originalr-mstd0.5", "v0", "v0r", "3a"]

@@ -58,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg, info = load_config(argv, parser)
     if handle_info_flags(cfg, info):
         return 0
-    from runner.folder import scan_folder
+    from runner.folder import build_transform, scan_folder
 
+    for training in (True, False):  # AUG.AUTO_AUGMENT, MODEL.IN_CHANS: refused here as training would refuse them
+        build_transform(cfg, training)
     t0 = time.perf_counter()
     index = scan_folder(cfg, check=True, strict=False)
     n_files = sum(index.n_files(s) for s in SPLITS)
