@@ -23,7 +23,9 @@ _C = CN()
 # ---------------------------------------------------------------------------------------------------------
 # Run
 # ---------------------------------------------------------------------------------------------------------
-# Where everything of one run goes; "" -> output/<stem of last --cfg>[-<override tag>], filled by the loader
+# Where everything of one run goes ("~" expanded; relative to the current folder); "" -> filled by the loader:
+# output/<path of the --cfg file under configs/, no .yaml>[-<override tag>] (output/digits/resnet18), or
+# output/<file name>-<hash of its path> for a file elsewhere
 _C.OUTPUT_DIR = ""
 # Seed for python, numpy and torch, the same on every rank (data order and augmentation derive from it)
 _C.SEED = 0
@@ -42,7 +44,8 @@ _C.MODEL.NUM_CLASSES = 10
 _C.MODEL.IN_CHANS = 3
 # Ask timm for pretrained weights (needs them cached locally; this machine has no internet)
 _C.MODEL.PRETRAINED = False
-# Local weights file to start from (a runner checkpoint or a plain state_dict); "" = none
+# Local weights file to start from (a runner checkpoint or a plain state_dict); "" = none. "~" expanded;
+# relative to the current folder
 _C.MODEL.CHECKPOINT = ""
 # Dropout rate before the classifier
 _C.MODEL.DROP_RATE = 0.0
@@ -63,7 +66,7 @@ _C.MODEL.SYNC_BN = False
 _C.DATA = CN()
 # Dataset: digits (sklearn 8x8 digits, in memory) | folder (ImageFolder layout under ROOT) | synthetic
 _C.DATA.NAME = "digits"
-# Dataset root folder (needed by folder)
+# Dataset root folder (needed by folder); "~" expanded; relative to the current folder
 _C.DATA.ROOT = ""
 # Side of the square input images, in pixels
 _C.DATA.IMG_SIZE = 32
@@ -196,7 +199,7 @@ _C.CUDNN.TF32 = True
 _C.DIST = CN()
 # Process group backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
 _C.DIST.BACKEND = "auto"
-# Seconds a collective may wait before the process group gives up
+# Seconds a collective may wait before the process group gives up (at most 7 days: see _RULES)
 _C.DIST.TIMEOUT_S = 600
 # DDP: search for parameters that got no gradient (slower; for models with unused branches)
 _C.DIST.FIND_UNUSED_PARAMETERS = False
@@ -221,6 +224,7 @@ _C.CHECKPOINT.PERIOD = 0
 # Number of step checkpoints kept (last.pth and best.pth are kept as well)
 _C.CHECKPOINT.KEEP = 3
 # auto (continue from OUTPUT_DIR when it has a checkpoint) | none (start fresh) | <path to a checkpoint>
+# ("~" expanded; relative to the current folder)
 _C.CHECKPOINT.RESUME = "auto"
 
 # ---------------------------------------------------------------------------------------------------------
@@ -325,10 +329,24 @@ _RULES = {
     "TRAIN.CLIP_GRAD": _GE0, "TRAIN.LABEL_SMOOTHING": _RATE,
     "TRAIN.EMA_DECAY": (lambda x: 0 < x < 1, "in (0, 1)"), "TRAIN.LR_REF_BATCH": _GE0,
     "TRAIN.MAX_STEPS": _GE0,
-    "DIST.TIMEOUT_S": _GE1, "DIST.BUCKET_CAP_MB": _GE1,
+    # a week: a rank that waits longer is hung; far larger values (1e300) overflow timedelta and torch's clocks
+    "DIST.TIMEOUT_S": (lambda x: 1 <= x <= 7 * 24 * 3600, "in [1, 604800] (at most 7 days)"),
+    "DIST.BUCKET_CAP_MB": _GE1,
     "EVAL.PERIOD": _GE1, "CHECKPOINT.PERIOD": _GE0, "CHECKPOINT.KEEP": _GE1, "LOG.PERIOD": _GE1,
     "PROFILE.WAIT": _GE0, "PROFILE.WARMUP": _GE0, "PROFILE.ACTIVE": _GE1, "PROFILE.ROW_LIMIT": _GE1,
 }
+
+# Names timm lists that the training loop cannot drive, and why (validation refuses them in one line)
+UNSUPPORTED_OPTIMIZERS = {
+    "adahessian": "it needs second-order gradients (backward with create_graph=True), which the training loop "
+                  "does not compute",
+}
+
+# Keys holding paths: "~" is expanded once, in load_config, so validation, config.yaml and every use agree
+PATH_KEYS = ("OUTPUT_DIR", "DATA.ROOT", "MODEL.CHECKPOINT", "CHECKPOINT.RESUME")
+_MAX_YAML_DEPTH = 32  # a config is sections of keys with short lists; PyYAML's composer recurses per level
+_MAX_YAML_NODES = 100_000  # values after expanding aliases and merge keys ("billion laughs" stops here)
+_INT_LIMIT = 2**63  # what torch and numpy hold in an integer
 
 MISSING = "<missing>"  # stands for a key one config has and the other lacks, in diff_configs
 COMMAND_LINE = "command line"
@@ -408,9 +426,13 @@ def _parser_error(message: str) -> None:
     raise UserError(f"{message} (see --help)")
 
 
-def load_config(argv: list[str] | None = None,
-                parser: argparse.ArgumentParser | None = None) -> tuple[CN, ConfigInfo]:
-    """Parse arguments, merge defaults <- files <- overrides, validate, freeze; UserError on any mistake."""
+def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
+                check_paths: bool = True) -> tuple[CN, ConfigInfo]:
+    """Parse arguments, merge defaults <- files <- overrides, validate, freeze; UserError on any mistake.
+
+    check_paths False skips the checks that data, weights and OUTPUT_DIR exist, for tools that read and write
+    none of them (tools/flops.py); --print-config and --explain skip them too (they only show the config).
+    """
     if parser is None:
         parser = build_parser()
     elif not any("--cfg" in a.option_strings for a in parser._actions):
@@ -420,8 +442,8 @@ def load_config(argv: list[str] | None = None,
     options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
     pairs = _pair_overrides(rest, options)
     cfg = get_default_config()
-    info = ConfigInfo(args=args, files=list(args.cfg), overrides=[])
-    for path in args.cfg:
+    info = ConfigInfo(args=args, files=[os.path.expanduser(p) for p in args.cfg], overrides=[])
+    for path in info.files:
         _apply(cfg, _file_entries(path, ()), info)
     for key, token in pairs:
         value = yaml_scalar(token)
@@ -429,10 +451,20 @@ def load_config(argv: list[str] | None = None,
         info.overrides.append((key, _get(cfg, key)))
     if not cfg.OUTPUT_DIR:
         cfg.OUTPUT_DIR = default_output_dir(info.files, info.overrides)
-        info.provenance["OUTPUT_DIR"] = "derived from the --cfg file name and the overrides"
-    validate(cfg, info.provenance)
+        info.provenance["OUTPUT_DIR"] = "derived from the --cfg file path and the overrides"
+    expand_paths(cfg)
+    showing = getattr(args, "print_config", False) or getattr(args, "explain", False)
+    validate(cfg, info.provenance, check_files=check_paths and not showing)
     cfg.freeze()
     return cfg, info
+
+
+def expand_paths(cfg: CN) -> None:
+    """Expand "~" in the path keys of an unfrozen config; relative paths stay relative to the current folder."""
+    for key in PATH_KEYS:
+        value = _get(cfg, key)
+        if value and not (key == "CHECKPOINT.RESUME" and value in ("auto", "none")):
+            _set(cfg, key, os.path.expanduser(value))
 
 
 def handle_info_flags(cfg: CN, info: ConfigInfo) -> bool:
@@ -503,11 +535,14 @@ def _bad_key_token(tok: str, before: list[str]) -> str:
 def _file_entries(path: str, chain: tuple[str, ...], named_at: str = "") -> list[_Entry]:
     """The entries of `path` after those of its _BASE_ files (recursively), in merge order."""
     where = named_at or "--cfg"
+    if not path:
+        raise UserError(f"empty config file path (from {where}): give the path of a YAML file")
     if path.endswith(".py"):
         raise UserError(f"{path} (from {where}): Python config files are not supported (they would be "
                         "executed); write the config as YAML")
     if not os.path.isfile(path):
-        what = "is a directory, not a config file" if os.path.isdir(path) else "not found"
+        what = ("is a directory, not a config file" if os.path.isdir(path) else
+                "is not a regular file (a device, pipe or socket)" if os.path.exists(path) else "not found")
         raise UserError(f"config file {path} {what} (from {where}{_chain_text(chain)}){_suggest_file(path)}")
     real = os.path.realpath(path)
     if real in {os.path.realpath(c) for c in chain}:
@@ -533,8 +568,14 @@ def _read(path: str) -> str:
 def _parse_yaml(text: str, name: str,
                 chain: tuple[str, ...] = ()) -> tuple[list[tuple[str, int]], list[_Entry]]:
     """Safely parse YAML text into (_BASE_ paths with lines, flattened entries with lines)."""
-    loader = yaml.SafeLoader(text)
     try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as e:  # control characters: a binary file, or text that is not YAML
+        code = e.character if isinstance(e.character, int) else 0
+        raise UserError(f"{name}: not a YAML text file (character #x{code:04x} at offset {e.position} is not "
+                        "allowed in YAML)") from None
+    try:
+        _refuse_huge_yaml(text, name)
         root = loader.get_single_node()
         if root is None:
             return [], []
@@ -561,8 +602,38 @@ def _parse_yaml(text: str, name: str,
         raise UserError(f"{name}{line}: YAML syntax error: {detail}") from None
     except yaml.YAMLError as e:
         raise UserError(f"{name}: YAML error: {' '.join(str(e).split())}") from None
+    except RecursionError:  # a backstop: _refuse_huge_yaml bounds the depth before anything recurses
+        raise UserError(f"{name}: YAML nested too deep; a config file holds sections of KEY: value") from None
     finally:
         loader.dispose()
+
+
+def _refuse_huge_yaml(text: str, name: str) -> None:
+    """Refuse deep nesting and alias expansion past the limits, from the event stream (iterative, cheap)."""
+    total, sizes, open_ = 0, {}, []  # values so far (aliases expanded), anchor -> values under it, open nodes
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in open_):
+                raise UserError(f"{name}:{line}: alias *{event.anchor} points into the node that holds it (a loop)")
+            total += sizes.get(event.anchor, 1)  # an undefined alias: the composer names it
+        elif isinstance(event, yaml.ScalarEvent):
+            total += 1
+            if event.anchor:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.CollectionStartEvent):
+            total += 1
+            open_.append((event.anchor, total - 1))
+            if len(open_) > _MAX_YAML_DEPTH:
+                raise UserError(f"{name}:{line}: YAML nested deeper than {_MAX_YAML_DEPTH} levels; a config file "
+                                "holds sections of KEY: value")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, start = open_.pop()
+            if anchor:
+                sizes[anchor] = total - start
+        if total > _MAX_YAML_NODES:
+            raise UserError(f"{name}:{line}: YAML anchors and aliases (or merge keys <<:) expand to more than "
+                            f"{_MAX_YAML_NODES} values; a config file needs far fewer: write the values out")
 
 
 def _refuse_tags(node: yaml.Node, name: str, seen: set[int] | None = None) -> None:
@@ -683,7 +754,7 @@ def coerce_value(key: str, value: Any, default: Any, raw: str | None = None,
     """`value` converted to the type of `default`, or a UserError naming key, expected type and value."""
     if default is None:
         return tuple(value) if isinstance(value, list) else value
-    given = raw if raw is not None else _fmt(value)
+    given = _clip(raw if raw is not None else _fmt(value))
     if value is None:
         hint = "; use '' for empty" if isinstance(default, str) else ""
         raise UserError(f"{key} cannot be null ({where}): it expects {_type_words(default)}{hint}")
@@ -692,6 +763,10 @@ def coerce_value(key: str, value: Any, default: Any, raw: str | None = None,
         raise UserError(f"{key} expects {_type_words(default)}, got {given!r} ({where})")
     if isinstance(out, float) and not math.isfinite(out):
         raise UserError(f"{key} must be a finite number, got {given!r} ({where})")
+    if isinstance(out, int) and not isinstance(out, bool) and not -_INT_LIMIT <= out < _INT_LIMIT:
+        raise UserError(f"{key} must be an integer in [-2**63, 2**63), got {given!r} ({where})")
+    if isinstance(out, str) and "\0" in out:  # the OS refuses it in paths, C libraries cut names at it
+        raise UserError(f"{key} contains a NUL character ({where}): text values cannot hold one")
     if isinstance(default, (tuple, list)) and default:
         items = (coerce_value(f"{key}[{i}]", v, default[0], None, where) for i, v in enumerate(out))
         out = type(default)(items)
@@ -717,7 +792,7 @@ def _convert(value: Any, default: Any, raw: str | None) -> Any:
         if isinstance(number, bool) or not isinstance(number, (int, float)):
             return _ABSENT
         if isinstance(default, float):
-            return float(number)
+            return float(number) if abs(number) < 2**1024 else math.inf  # float(10**400) raises OverflowError
         if isinstance(number, float):
             return int(number) if math.isfinite(number) and number.is_integer() else _ABSENT
         return number
@@ -729,6 +804,11 @@ def _convert(value: Any, default: Any, raw: str | None) -> Any:
                 return _ABSENT
         return type(default)(value) if isinstance(value, (list, tuple)) else _ABSENT
     return _ABSENT
+
+
+def _clip(text: str, width: int = 60) -> str:
+    """Long text shortened for a one-line message."""
+    return text if len(text) <= width else text[:width] + "..."
 
 
 def _is_int_text(text: str) -> bool:
@@ -806,6 +886,12 @@ def _suggest(key: str) -> str:
 
 def _suggest_file(path: str) -> str:
     """'; did you mean X?' with a similarly named file next to `path`, or ''."""
+    if os.path.isdir(path):  # name a file in it rather than its neighbour
+        try:
+            inside = sorted(n for n in os.listdir(path) if n.endswith((".yaml", ".yml")))
+        except OSError:
+            inside = []
+        return f"; did you mean {os.path.join(path, inside[0])}?" if inside else ""
     folder = os.path.dirname(path) or "."
     try:
         names = [n for n in os.listdir(folder) if n.endswith((".yaml", ".yml"))]
@@ -839,6 +925,9 @@ def validate(cfg: CN, provenance: dict[str, str] | None = None, check_files: boo
                                 f"adam|lamb|lion|rmsprop (all {len(OPTIMIZERS)}: runner.config.OPTIMIZERS), "
                                 f"optionally with a lookahead_ prefix, got {opt!r}",
              f"; did you mean {hint[0]}?" if hint else "")
+    if name in UNSUPPORTED_OPTIMIZERS:
+        fail("TRAIN.OPTIMIZER", f"TRAIN.OPTIMIZER {opt} is not supported: {UNSUPPORTED_OPTIMIZERS[name]}; "
+                                "choose another, e.g. adamw")
     for key, (ok, words) in _RULES.items():
         if not ok(_get(cfg, key)):
             fail(key, f"{key} must be {words}, got {_fmt(_get(cfg, key))}")
@@ -854,6 +943,8 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
         fail("DATA.NAME", "DATA.NAME folder needs DATA.ROOT, the folder that holds the class folders")
     if check_files and d.NAME == "folder" and not os.path.isdir(d.ROOT):
         fail("DATA.ROOT", f"DATA.ROOT {d.ROOT!r} is not a folder")
+    if check_files and os.path.exists(cfg.OUTPUT_DIR) and not os.path.isdir(cfg.OUTPUT_DIR):
+        fail("OUTPUT_DIR", f"OUTPUT_DIR {cfg.OUTPUT_DIR} is a file, not a folder; choose another OUTPUT_DIR")
     for key in ("DATA.MEAN", "DATA.STD"):
         if len(_get(cfg, key)) != cfg.MODEL.IN_CHANS:
             fail(key, f"{key} needs one value per input channel (MODEL.IN_CHANS {cfg.MODEL.IN_CHANS}), "
@@ -887,9 +978,9 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
 # ---------------------------------------------------------------------------------------------------------
 # Output folder, dumping, comparing
 # ---------------------------------------------------------------------------------------------------------
-def default_output_dir(files: list[str], overrides: list[tuple[str, Any]]) -> str:
-    """output/<config stem>[-<tag from the overrides>]; the same arguments always give the same folder."""
-    stem = "__".join(_sanitize(os.path.splitext(os.path.basename(f))[0]) for f in files) or "default"
+def default_output_dir(files: list[str], overrides: list[tuple[str, Any]], cwd: str | None = None) -> str:
+    """output/<config label>[-<tag from the overrides>]; the same arguments in the same folder give the same one."""
+    stem = _config_label(files, cwd or os.getcwd())
     latest = {k: v for k, v in overrides if k not in RESUME_SAFE_KEYS}  # a repeated key: the last value wins
     if not latest:
         return os.path.join("output", stem)
@@ -902,6 +993,35 @@ def default_output_dir(files: list[str], overrides: list[tuple[str, Any]]) -> st
         kept = [p for i, p in enumerate(_sanitize(p) for p in parts) if len("-".join(parts[:i + 1])) <= 48]
         tag = "-".join(kept or [tag[:48]]) + f"-{digest}"
     return os.path.join("output", f"{stem}-{tag}")
+
+
+def _config_label(files: list[str], cwd: str) -> str:
+    """digits/resnet18 for configs/digits/resnet18.yaml; name-<hash of the path> for a file outside configs/;
+    several files: the first label, '__', the other names and a hash of every path."""
+    if not files:
+        return "default"
+    configs = os.path.join(os.path.abspath(cwd), "configs")
+    full = [os.path.normpath(os.path.join(cwd, os.path.expanduser(f))) for f in files]
+    labels = []
+    for path in full:
+        rel = os.path.relpath(os.path.splitext(path)[0], configs)
+        if rel.split(os.sep)[0] != os.pardir:
+            labels.append("/".join(_sanitize(part) for part in rel.split(os.sep)))
+        else:  # a name alone could be shared by files in different folders
+            labels.append(f"{_sanitize(_stem(path))}-{_digest(path)}")
+    if len(labels) == 1:
+        return labels[0]
+    return "__".join([labels[0]] + [_sanitize(_stem(p)) for p in full[1:]]) + f"-{_digest(' '.join(full))}"
+
+
+def _stem(path: str) -> str:
+    """The file name without its extension."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _digest(text: str) -> str:
+    """8 hex digits that tell different texts apart in folder names."""
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 def _short_key(key: str) -> str:
@@ -957,6 +1077,7 @@ def config_from_yaml_text(text: str, name: str = "<stored config>") -> CN:
         raise UserError(f"{name}: _BASE_ is not allowed in a stored config")
     info = ConfigInfo(args=argparse.Namespace(), files=[], overrides=[])
     _apply(cfg, entries, info)
+    expand_paths(cfg)  # a config stored before "~" was expanded compares equal to today's
     validate(cfg, info.provenance, check_files=False)
     cfg.freeze()
     return cfg

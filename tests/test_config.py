@@ -145,7 +145,7 @@ def test_base_relative_to_naming_file_absolute_and_diamond(tmp_path):
 def test_empty_file_empty_section_and_yaml_anchors_are_fine(tmp_path):
     empty = write(tmp_path, "empty.yaml", "# nothing yet\n")
     cfg, _ = load_config(["--cfg", empty])
-    assert diff_configs(cfg, get_default_config()) == [("OUTPUT_DIR", "output/empty", "")]
+    assert diff_configs(cfg, get_default_config()) == [("OUTPUT_DIR", default_output_dir([empty], []), "")]
     anchors = write(tmp_path, "anch.yaml", "TRAIN:\n  LR: &lr 0.3\n  MIN_LR: *lr\nAMP:\n")
     cfg, _ = load_config(["--cfg", anchors])
     assert cfg.TRAIN.MIN_LR == 0.3 and cfg.AMP.ENABLED is False
@@ -416,11 +416,12 @@ def test_explain_with_defaults_only():
 # ---------------------------------------------------------------------------------------------------------
 def test_output_dir_naming_rules():
     assert default_output_dir([], []) == "output/default"
-    assert default_output_dir(["configs/a.yaml", "configs/x/resnet18.yaml"], []) == "output/a__resnet18"
-    assert default_output_dir(["c/resnet18.yaml"], [("TRAIN.EPOCHS", 30), ("LOG.PERIOD", 5)]) \
-        == "output/resnet18"  # resume-safe overrides keep the folder
-    assert default_output_dir(["c/resnet18.yaml"], [("TRAIN.LR", 0.05), ("MODEL.NAME", "resnet10t")]) \
-        == "output/resnet18-model.name=resnet10t-lr=0.05"
+    assert re.fullmatch(r"output/a__resnet18-[0-9a-f]{8}",
+                        default_output_dir(["configs/a.yaml", "configs/x/resnet18.yaml"], []))
+    assert default_output_dir(["configs/c/resnet18.yaml"], [("TRAIN.EPOCHS", 30), ("LOG.PERIOD", 5)]) \
+        == "output/c/resnet18"  # resume-safe overrides keep the folder
+    assert default_output_dir(["configs/c/resnet18.yaml"], [("TRAIN.LR", 0.05), ("MODEL.NAME", "resnet10t")]) \
+        == "output/c/resnet18-model.name=resnet10t-lr=0.05"
     # same config, same folder: order and repeated keys (last wins) do not matter
     shuffled = [("TRAIN.LR", 0.1), ("TRAIN.LR", 0.05), ("MODEL.NAME", "resnet10t")]
     assert default_output_dir(["r.yaml"], [("MODEL.NAME", "resnet10t"), ("TRAIN.LR", 0.05)]) \
@@ -444,7 +445,7 @@ def test_output_dir_never_shared_and_always_safe():
 
 def test_loader_fills_output_dir_from_overrides_but_keeps_an_explicit_one():
     cfg, info = load_config(["--cfg", str(CHAIN / "top.yaml"), "TRAIN.LR", "0.3", "TRAIN.EPOCHS", "9"])
-    assert cfg.OUTPUT_DIR == "output/top-lr=0.3" == default_output_dir(info.files, info.overrides)
+    assert cfg.OUTPUT_DIR == "output/test/chain/top-lr=0.3" == default_output_dir(info.files, info.overrides)
     cfg, _ = load_config(["OUTPUT_DIR", "/tmp/mine", "TRAIN.LR", "0.3"])
     assert cfg.OUTPUT_DIR == "/tmp/mine"
 
