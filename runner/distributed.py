@@ -12,6 +12,7 @@ import torch.distributed as tdist
 from runner.errors import UserError
 
 log = logging.getLogger("runner")
+_started = {"timeout": None}  # the timeout setup() started the process group with, for control_group()
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ def setup(cfg) -> Dist:
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
     timeout = timedelta(seconds=cfg.DIST.TIMEOUT_S)
+    _started["timeout"] = timeout
     store = _attempt_store(timeout)
     if store is not None:
         kwargs.update(store=store, rank=rank, world_size=world)
@@ -102,13 +104,18 @@ def _hint_multi_gpu() -> None:
         )
 
 
-def control_group():
-    """A gloo group for small CPU-side control messages (stop flags) that must not touch the GPU."""
+def control_group(timeout: timedelta | None = None):
+    """A gloo group for small CPU-side control messages (stop flags) that must not touch the GPU.
+
+    `timeout` defaults to the one setup() started the process group with (DIST.TIMEOUT_S): without it torch
+    would give the new group its own default (30 minutes), whatever the config says.
+    """
     if not (tdist.is_available() and tdist.is_initialized()):
         return None
     if tdist.get_backend() == "gloo":
         return tdist.group.WORLD
-    return tdist.new_group(backend="gloo")
+    timeout = timeout or _started["timeout"]
+    return tdist.new_group(backend="gloo", **({"timeout": timeout} if timeout else {}))
 
 
 def all_reduce_(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(description="Parameters, FLOPs and activation memory of the configured model.")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where to run the measuring passes (default: cpu; the counts are the same)")
-    cfg, info = load_config(argv, parser)
+    cfg, info = load_config(argv, parser, check_paths=False)  # reads no data, weights or OUTPUT_DIR
     if handle_info_flags(cfg, info):
         return 0
 
