@@ -154,17 +154,6 @@ def load_explicit(path: str) -> dict:
     return state
 
 
-def _strip_prefixes(sd: dict) -> dict:
-    """Remove the wrappers' key prefixes (DDP's module., torch.compile's _orig_mod.)."""
-    out = {}
-    for k, v in sd.items():
-        for p in ("module.", "_orig_mod."):
-            while k.startswith(p):
-                k = k[len(p):]
-        out[k] = v
-    return out
-
-
 def rng_state() -> dict:
     """Every RNG the run draws from, as tensors and plain lists (loadable with weights_only)."""
     np_state = np.random.get_state()

@@ -28,7 +28,7 @@ def setup_logging(output_dir: str | None, rank: int) -> None:
     log.addHandler(console)
     if rank == 0 and output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(Path(output_dir) / "log.txt")
+        fh = logging.FileHandler(Path(output_dir) / "log.txt", encoding="utf-8", errors="backslashreplace")
         fh.setFormatter(logging.Formatter(_FMT, "%Y-%m-%d %H:%M:%S"))
         log.addHandler(fh)
 

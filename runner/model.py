@@ -132,6 +132,9 @@ def _patch_size(model: nn.Module) -> tuple[int, int] | None:
 def _pretrained_offline(cfg) -> nn.Module:
     """timm's pretrained weights only if already in the local cache; otherwise a clear error."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # we never download: this makes the hub client fail fast instead
+    import huggingface_hub.constants as hub  # read HF_HUB_OFFLINE when first imported (by timm, maybe already)
+
+    hub.HF_HUB_OFFLINE = True
     try:
         return _create_sized(cfg, pretrained=True)
     except UserError:
