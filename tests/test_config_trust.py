@@ -43,9 +43,7 @@ def test_tilde_is_expanded_in_every_path_key_before_validation(tmp_path, monkeyp
     assert dumped["DATA"]["ROOT"] == str(home / "data") and "~" not in dump_config(cfg)
     for word in ("auto", "none"):
         assert load_config(["CHECKPOINT.RESUME", word])[0].CHECKPOINT.RESUME == word
-
-
-def test_relative_paths_stay_relative_to_the_current_folder(tmp_path, monkeypatch):
+    # relative paths stay relative to the current folder
     (tmp_path / "rel" / "data").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     cfg, _ = load_config(["DATA.NAME", "folder", "DATA.ROOT", "rel/data", "OUTPUT_DIR", "runs/x"])

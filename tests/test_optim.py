@@ -3,6 +3,7 @@ clip mode does what it says, on a tiny real timm model."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 
 import pytest
@@ -48,7 +49,7 @@ def take_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: 
 def assert_trained(before: list[torch.Tensor], model: torch.nn.Module) -> None:
     """Most parameters moved (some get no gradient through timm's zero-initialised last BN), all finite."""
     after = list(model.parameters())
-    changed = sum(not torch.equal(a, b) for a, b in zip(before, after))
+    changed = sum(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert changed >= len(after) // 2, f"only {changed} of {len(after)} parameters changed"
     assert all(torch.isfinite(p).all() for p in after)
 
@@ -104,7 +105,7 @@ def test_every_scheduler_gives_finite_lrs_as_configured():
     assert none == [0.1] * 11
     for seq in (cosine, step):
         assert seq[0] == pytest.approx(0.01) and seq[1] == pytest.approx(0.055)  # linear warmup from WARMUP_LR
-    assert cosine[2] < 0.1 and all(a >= b for a, b in zip(cosine[2:], cosine[3:]))  # decays monotonically
+    assert cosine[2] < 0.1 and all(a >= b for a, b in itertools.pairwise(cosine[2:]))  # decays monotonically
     assert cosine[-1] == pytest.approx(0.001, abs=1e-3)  # ends near MIN_LR
     assert step[2:5] == pytest.approx([0.1] * 3) and step[5:10] == pytest.approx([0.05] * 5)
 
