@@ -43,7 +43,7 @@ def under_torchrun() -> bool:
 def _pick_device(cfg, local_rank: int) -> torch.device:
     """The device from cfg.DEVICE, checked against what this machine has."""
     want = cfg.DEVICE
-    if want == "cuda" and not torch.cuda.is_available():
+    if want == "cuda" and not _cuda_available():
         raise UserError("DEVICE is 'cuda' but no CUDA device is visible; use DEVICE cpu or DEVICE auto")
     if want == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
@@ -53,6 +53,15 @@ def _pick_device(cfg, local_rank: int) -> torch.device:
             "lower --nproc_per_node or fix CUDA_VISIBLE_DEVICES"
         )
     return torch.device("cuda", local_rank)
+
+
+def _cuda_available() -> bool:
+    """torch.cuda.is_available() without its warning (a second stderr line) on machines with no driver."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.cuda.is_available()
 
 
 def setup(cfg) -> Dist:
