@@ -93,9 +93,10 @@ class _ProfileOnly(Exception):
 class StopFlag:
     """Preemption signals, agreed on by every rank at the same step without touching the GPU."""
 
-    def __init__(self, dist: distributed.Dist):
+    def __init__(self, group):
+        """`group`: the run's CPU control group (DIST.TIMEOUT_S applies), or None in a single process."""
         self.local = False
-        self.group = distributed.control_group() if dist.distributed else None
+        self.group = group
         self.buf = torch.zeros(1)
         self.work = None
         self.old = {}
@@ -154,8 +155,11 @@ class Trainer:
         self.dist = distributed.setup(cfg)
         self.out = Path(cfg.OUTPUT_DIR)
         self.main = self.dist.is_main
+        self.control = distributed.control_group()  # one CPU group for verdicts and stop flags, made once
         self.lock = runstate.RunLock(str(self.out))
         self.claimed = False  # True once rank 0 holds the lock and has marked the folder as this run's
+        self.found: tuple[str, dict] | None = None  # the checkpoint rank 0 will resume from
+        setup_logging(None, self.dist.rank)  # the console only, until the folder is known to be ours
         self.done = self._claim_output_dir() if write_files else None  # a finished run's (results, why)
         if self.done is not None:
             return
@@ -175,6 +179,7 @@ class Trainer:
     def _claim_output_dir(self) -> tuple[dict, str] | None:
         """Rank 0 checks OUTPUT_DIR, locks it and marks it as this run's; every rank learns the verdict."""
         verdict: tuple = ("go", None)
+        failure = None
         if self.main:
             try:
                 runstate.check_output_dir(self.cfg)  # again: the folder may have changed since tools/train.py
@@ -182,14 +187,21 @@ class Trainer:
                 done = runstate.finished_run(self.cfg)  # under the lock: no other job is writing results now
                 remove_stale_temps(self.out)
                 if done is None:
+                    self.found = self._find_checkpoint()  # a run-changing config is refused before any write
                     runstate.write_status(str(self.out), runstate.RUNNING)
                     self.claimed = True
                 verdict = ("go", None) if done is None else ("done", done)
             except UserError as e:
                 verdict = ("error", str(e))
-        kind, payload = distributed.broadcast_object(verdict)
+            except Exception as e:  # the other ranks must not wait for a verdict that never comes
+                verdict, failure = ("failed", f"{type(e).__name__}: {e}"), e
+        kind, payload = distributed.broadcast_object(verdict, self.control)
+        if failure is not None:
+            raise failure
         if kind == "error":
             raise UserError(payload)
+        if kind == "failed":
+            raise RuntimeError(f"rank 0 could not take OUTPUT_DIR {self.out}: {payload}")
         return payload
 
     def _record_failure(self, e: BaseException, when: str) -> None:
@@ -235,7 +247,7 @@ class Trainer:
         self.clip = self._build_clip()
         # DDP must not all-reduce gradients on accumulation micro-steps
         self.no_sync = self.model.no_sync if self.dist.distributed and self.accum > 1 else nullcontext
-        self.stop = StopFlag(self.dist)
+        self.stop = StopFlag(self.control)
         self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
         self.best = {"val/top1": -1.0, "val/top5": -1.0, "epoch": -1}
         self.last_val: dict[str, float] = {}
@@ -265,23 +277,28 @@ class Trainer:
         return partial(dispatch_clip_grad, params, self.cfg.TRAIN.CLIP_GRAD, mode=self.cfg.TRAIN.CLIP_MODE)
 
     # ---- resume ------------------------------------------------------------------------------------------
-    def _resume(self) -> None:
-        """Restore the newest valid checkpoint (auto), a named one, or none."""
+    def _find_checkpoint(self) -> tuple[str, dict] | None:
+        """The checkpoint to resume (auto: the newest valid one; or the named one), refused if the run differs."""
         how = self.cfg.CHECKPOINT.RESUME
         if how == "none":
+            return None
+        found = ckpt.find_resumable(self.out) if how == "auto" else (how, ckpt.load_explicit(how))
+        if found is not None:
+            runstate.refuse_changed(self.cfg, found[1]["config"], f"stored in checkpoint {found[0]}")
+        return found
+
+    def _resume(self) -> None:
+        """Restore the checkpoint rank 0 found while claiming the folder (the other ranks load it themselves)."""
+        found = self.found if self.main else self._find_checkpoint()
+        self.found = None  # the state is loaded below; do not keep a second copy of it for the whole run
+        if found is None:
             return
-        if how == "auto":
-            found = ckpt.find_resumable(self.out)
-            if found is None:
-                return
-            path, state = found
-        else:
-            path, state = how, ckpt.load_explicit(how)
-        runstate.refuse_changed(self.cfg, state["config"], f"stored in checkpoint {path}")
+        path, state = found
         self._load_state(state)
         results = runstate.read_json(self.out / "results.json")
         if self.step >= self.total_steps and results and results.get("status") == runstate.DONE:
             self.done = (results, f"it ran {self.step} steps, as many as this config asks for")
+            self._status(runstate.DONE)  # claiming marked it running; results.json and config.yaml stay as they were
             return
         log.info("resumed from %s: epoch %d, batch %d of the epoch, step %d", path, self.epoch + 1,
                  self.batch_in_epoch, self.step)
