@@ -5,7 +5,7 @@
         [--compile] [--steps 20] [--warmup 5] [--infer-batches 20] [--peak-tflops 989.4]
 
 What a user would write without the runner: timm.create_model, random images and labels held on the device,
-a fresh random order each epoch, SGD with momentum (fused kernels on CUDA, foreach on the CPU, as the
+a fresh random order each epoch, SGD with momentum (fused kernels, on CUDA and on the CPU, as the
 runner picks them), cross-entropy, optional bf16 autocast, channels_last and torch.compile.
 It imports nothing from the runner. Timing is the same as tools/benchmark.py's: warm-up steps untimed
 (the first alone, reported as compile_s when compiling), then the timed steps with their data fetch, the
@@ -89,7 +89,7 @@ class RawLoop:
         self.gflops, self.train_gflops = count_flops(self.model, args, device)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5,
                                    nesterov=args.nesterov,
-                                   **({"fused": True} if device.type == "cuda" else {"foreach": True}))
+                                   fused=True)
         self.net = torch.compile(self.model) if args.compile else self.model
         self.amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
         n, s = args.dataset_size, args.img_size
