@@ -1,0 +1,89 @@
+#!/usr/bin/env python
+"""Train the README's first run for SEED 0, 1 and 2 and print a markdown table of what each ended at.
+
+    python benchmarks/digits_seeds.py [--cfg configs/digits/resnet18.yaml] [--seeds 0 1 2] [KEY VALUE ...]
+
+Each seed is the whole command `python tools/train.py --cfg <cfg> SEED <s> OUTPUT_DIR <fresh temp folder>`,
+timed from launch to exit (imports included), one after the other. The table gives the final and best
+val/top1 from the run's results.json and the wall time; the lines above it name the CPU, the torch threads,
+the date and the load average before and after (wall time means little on a busy machine).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    """The CPU's model name as lscpu gives it (or platform's guess when lscpu is missing)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown CPU"
+    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")]
+    return names[0] if names else "unknown CPU"
+
+
+def load() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def train_once(cfg: str, seed: int, extra: list[str]) -> dict:
+    """One whole training process into a fresh temporary OUTPUT_DIR: its results and wall time."""
+    with tempfile.TemporaryDirectory(prefix=f"digits-seed{seed}-") as tmp:
+        out = Path(tmp) / "run"
+        cmd = [sys.executable, str(ROOT / "tools" / "train.py"), "--cfg", cfg, "SEED", str(seed),
+               "OUTPUT_DIR", str(out), *extra]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            sys.exit(f"SEED {seed} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        res = json.loads((out / "results.json").read_text())
+    return {"seed": seed, "final": res["val/top1"], "best": res["best/val/top1"], "wall": wall}
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table of the runs, with the median wall time and the worst final accuracy."""
+    lines = ["| SEED | final val/top1 | best val/top1 | wall time s |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r['seed']} | {r['final']:.2f} | {r['best']:.2f} | {r['wall']:.1f} |" for r in rows]
+    lines.append(f"| min / median | {min(r['final'] for r in rows):.2f} | "
+                 f"{min(r['best'] for r in rows):.2f} | {statistics.median(r['wall'] for r in rows):.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Parse the arguments, train each seed, print the header lines and the table."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cfg", default="configs/digits/resnet18.yaml")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("overrides", nargs="*", help="KEY VALUE pairs passed on to tools/train.py")
+    args = p.parse_args()
+    import torch
+
+    before = load()
+    rows = [train_once(args.cfg, s, args.overrides) for s in args.seeds]
+    cmd = " ".join(["python tools/train.py --cfg", args.cfg, *args.overrides, "SEED <s>"])
+    print(f"- command: `{cmd}`")
+    print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"- CPU: {cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
+          f"with {torch.get_num_threads()} threads")
+    print(f"- load average (1/5/15 min): before {before}, after {load()}")
+    print()
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
