@@ -52,4 +52,5 @@ def test_digits_config_trains_a_folder_export_of_the_digits(tmp_path: Path):
                                  "DATA.NUM_WORKERS", "0", "OUTPUT_DIR", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     top1 = json.loads((out / "results.json").read_text())["val/top1"]
-    assert top1 >= 90.0, f"val/top1 {top1:.2f} after 2 epochs on the folder export"
+    # measured on a 2-core CPU: 90.25 with the config, 38.16 with the ImageNet defaults above
+    assert top1 >= 80.0, f"val/top1 {top1:.2f} after 2 epochs on the folder export (the config's folder augmentations)"
