@@ -396,3 +396,14 @@ def test_training_stops_when_files_go_bad_past_budget_at_run_time(run_time_failu
 
 def test_run_time_budget_error_is_one_line(run_time_failure):
     assert run_time_failure.stderr.strip().count("\n") == 0, run_time_failure.stderr
+
+
+def test_digits_export_has_the_in_memory_val_split(tmp_path):
+    """The JPEG export of all digits holds out exactly the 360 images DATA.NAME digits validates on."""
+    from runner.data import read_digits, stratified_split
+
+    root = export_digits_jpegs(tmp_path / "d", size=8)
+    _, labels = read_digits()
+    val = sorted(int(p.stem) for p in (root / "val").rglob("*.jpg"))
+    assert val == stratified_split(labels, 0.2)[1].tolist() and len(val) == 360
+    assert len(list((root / "train").rglob("*.jpg"))) == 1797 - 360
