@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from runner import runstate
 
-    runstate.check_output_dir(cfg)  # before anything heavy: a folder that is not ours is refused at once
+    if os.environ.get("RANK", "0") == "0":  # other ranks learn rank 0's verdict (they may start after it locked)
+        runstate.check_output_dir(cfg)  # before anything heavy: a folder that is not ours is refused at once
     if os.environ.get("WORLD_SIZE", "1") == "1":  # under torchrun, rank 0 decides under the run lock
         done = runstate.finished_run(cfg)
         if done is not None:
