@@ -757,6 +757,8 @@ def coerce_value(key: str, value: Any, default: Any, raw: str | None = None,
     given = _clip(raw if raw is not None else _fmt(value))
     if value is None:
         hint = "; use '' for empty" if isinstance(default, str) else ""
+        if raw is not None and raw.strip() == "~":  # YAML's null, though a shell user means the home folder
+            hint = "; a lone ~ is YAML's null: write the full path, or ~/name for a folder in your home"
         raise UserError(f"{key} cannot be null ({where}): it expects {_type_words(default)}{hint}")
     out = _convert(value, default, raw)
     if out is _ABSENT:

@@ -81,6 +81,7 @@ def check_output_dir(cfg) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"OUTPUT_DIR {out} is a file, not a folder; choose another OUTPUT_DIR")
     if not out.is_dir():
+        _refuse_unmakeable(out)
         return
     try:
         entries = sorted(p.name for p in out.iterdir())
@@ -93,6 +94,17 @@ def check_output_dir(cfg) -> None:
         raise UserError(f"OUTPUT_DIR {out} is not empty and holds no run of ours (found {shown}; no run.json "
                         "from this runner); nothing was written there: choose a new or empty folder")
     _refuse_mixing(cfg, out)
+
+
+def _refuse_unmakeable(out: Path) -> None:
+    """A missing OUTPUT_DIR that cannot be created: under a file, or in a folder we may not write."""
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"OUTPUT_DIR {out} cannot be made: {parent} is a file; choose another OUTPUT_DIR")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"OUTPUT_DIR {out} cannot be made: {parent} is not writable; choose another OUTPUT_DIR")
 
 
 def _refuse_mixing(cfg, out: Path) -> None:
@@ -168,8 +180,12 @@ class RunLock:
         """Take the lock or raise UserError naming the holder."""
         import fcntl
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only or special file system: the checks before cannot see every case
+            raise UserError(f"OUTPUT_DIR {self.path.parent} cannot be written ({e.strerror}); "
+                            "choose another OUTPUT_DIR") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -237,3 +237,20 @@ def test_full_disk_while_saving(tmp_path):
     assert state["step"] == 3
     status = json.loads((kept / "run.json").read_text())
     assert status["status"] == "failed" and "no space left" in status["error"]
+
+
+@pytest.mark.parametrize("where, fragment", [
+    ("under_a_file", "is a file"),  # OUTPUT_DIR notes.txt/run: mkdir raised NotADirectoryError
+    ("proc", "cannot be written"),  # a file system that refuses new folders: FileNotFoundError traceback
+])
+def test_output_dir_that_cannot_be_made(tmp_path, where, fragment):
+    (tmp_path / "notes.txt").write_text("keep me\n")
+    out = str(tmp_path / "notes.txt" / "run") if where == "under_a_file" else f"/proc/runner-test-{os.getpid()}"
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", out])
+    assert_user_error(r, "OUTPUT_DIR", fragment)
+    assert (tmp_path / "notes.txt").read_text() == "keep me\n"
+
+
+def test_lone_tilde_says_what_yaml_made_of_it(tmp_path):
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", "~"])
+    assert_user_error(r, "OUTPUT_DIR cannot be null", "lone ~ is YAML's null")
