@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from yacs.config import CfgNode as CN
 
-from runner.errors import UserError
+from runner.errors import UserError, argument_error
 
 _C = CN()
 
@@ -418,12 +418,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the merged config as YAML and exit")
     parser.add_argument("--explain", action="store_true",
                         help="print where every non-default value came from and exit")
-    parser.error = _parser_error  # argparse would print usage and a second line
-
-
-def _parser_error(message: str) -> None:
-    """argparse's error hook: raise a one-line UserError instead of printing usage."""
-    raise UserError(f"{message} (see --help)")
+    parser.error = argument_error  # argparse would print usage and a second line
 
 
 def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
@@ -437,7 +432,7 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
         parser = build_parser()
     elif not any("--cfg" in a.option_strings for a in parser._actions):
         add_config_arguments(parser)
-    parser.error = _parser_error
+    parser.error = argument_error
     args, rest = parser.parse_known_args(argv)
     options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
     pairs = _pair_overrides(rest, options)

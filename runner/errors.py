@@ -30,6 +30,11 @@ class Preempted(Exception):
     exit_code = EXIT_PREEMPTED
 
 
+def argument_error(message: str) -> None:
+    """argparse's error hook: a one-line UserError (exit 2) instead of the usage text and a second line."""
+    raise UserError(f"{message} (see --help)")
+
+
 def one_line(message: str) -> str:
     """The message itself, also when a DataLoader worker re-raised it wrapped in its traceback text."""
     if "Original Traceback" not in message:

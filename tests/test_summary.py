@@ -239,3 +239,10 @@ def test_markdown_row_stays_one_line(tmp_path: Path) -> None:
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + 2
     assert "boom   at line 2 \\| x" in out.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [([], "required: root"), (["x", "--format", "xml"], "invalid choice")])
+def test_summarize_argument_mistakes_are_one_line(args, fragment):
+    from utils import assert_user_error, run_tool
+
+    assert_user_error(run_tool("summarize.py", args), fragment)  # argparse's usage made it three lines

@@ -176,6 +176,7 @@ def test_sweep_root_that_is_a_file(tmp_path: Path) -> None:
     (["--repeat", "0"], ["--repeat 0", "at least 1"]),
     (["--cfg", "nope.yaml"], ["nope.yaml not found"]),
     (["TRAIN.LR", "abc"], ["TRAIN.LR expects a number"]),
+    (["--repeat", "x"], ["--repeat: invalid int value"]),  # argparse printed its usage: three lines
 ])
 def test_overhead_mistakes(args: list[str], fragments: list[str]) -> None:
     # used to end in an IndexError or a CalledProcessError traceback from the timed child

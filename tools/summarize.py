@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runner.errors import UserError, cli
+from runner.errors import UserError, argument_error, cli
 from runner.summary import ACTIVE_S, DEFAULT_SORT, best_index, sort_rows, summarize, to_csv, to_markdown
 
 
@@ -26,6 +26,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     order.add_argument("--desc", dest="descending", action="store_true", default=True,
                        help="largest first (default)")
     order.add_argument("--asc", dest="descending", action="store_false", help="smallest first")
+    parser.error = argument_error  # one line, like every other tool
     return parser.parse_args(argv)
 
 

@@ -20,7 +20,7 @@ T0 = time.perf_counter()
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from runner.errors import UserError, cli
+from runner.errors import UserError, argument_error, cli
 
 
 def child(argv: list[str]) -> dict[str, float]:
@@ -94,6 +94,7 @@ def measure(argv: list[str]) -> dict[str, float]:
 def main() -> int:
     """Print the median of each phase over the rounds (or, with --child, one round's phases as JSON)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.error = argument_error  # one line, like every other tool
     parser.add_argument("--repeat", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
