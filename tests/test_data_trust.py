@@ -20,7 +20,7 @@ from runner.folder import (
     open_image,
     scan_folder,
 )
-from tests.utils import TINY, assert_user_error, run_tool
+from tests.utils import ROOT, TINY, assert_user_error, run_tool
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +171,9 @@ def test_images_directly_in_the_split_folder_are_refused(tmp_path: Path):
     assert_user_error(proc, f"empty split {root / 'train'}: its 3 images lie directly in it",
                       f"move them into {root / 'train'}/<class>/")
 
+
+
+def test_check_data_on_a_config_without_a_folder_says_so():
+    # it said "DATA.ROOT is empty: DATA.NAME folder needs DATA.ROOT", naming a DATA.NAME the config does not have
+    r = run_tool("check_data.py", ["--cfg", str(ROOT / "configs" / "digits" / "resnet18.yaml")])
+    assert_user_error(r, "checks image folders", "DATA.NAME digits")

@@ -65,3 +65,9 @@ def test_columns_are_aligned():
     table = [line for line in lines if not line.startswith(("GPUs", " "))]
     starts = {len(line) - len(line.split("  ", 1)[1].lstrip()) for line in table}
     assert len(starts) == 1
+
+
+def test_unknown_argument_is_one_line():
+    from utils import assert_user_error, run_tool
+
+    assert_user_error(run_tool("env_info.py", ["--bogus"]), "unrecognized arguments: --bogus")  # was usage + error

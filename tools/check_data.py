@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.config import build_parser, handle_info_flags, load_config
-from runner.errors import cli
+from runner.errors import UserError, cli
 
 SPLITS = ("train", "val")  # as in runner.folder, which is imported only once the arguments are good
 
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg, info = load_config(argv, parser)
     if handle_info_flags(cfg, info):
         return 0
+    if cfg.DATA.NAME != "folder" and not cfg.DATA.ROOT:
+        raise UserError(f"tools/check_data.py checks image folders; this config reads DATA.NAME {cfg.DATA.NAME}, "
+                        "which has no files to check (give DATA.NAME folder DATA.ROOT <folder> to check one)")
     from runner.folder import build_transform, scan_folder
 
     for training in (True, False):  # AUG.AUTO_AUGMENT, MODEL.IN_CHANS: refused here as training would refuse them

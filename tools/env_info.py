@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.envinfo import collect_env, format_env
-from runner.errors import cli
+from runner.errors import argument_error, cli
 
 
 @cli
@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the flags and print the report."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.error = argument_error  # one line, like every other tool
     args = parser.parse_args(argv)
     info = collect_env()
     print(json.dumps(info, indent=2) if args.json else format_env(info), end="\n" if args.json else "")
