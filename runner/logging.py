@@ -1,6 +1,7 @@
 """Where scalars go: the console, OUTPUT_DIR/log.txt, metrics.jsonl and TensorBoard, fed from one place."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -75,20 +76,10 @@ def run_hparams(cfg, keys: list[str]) -> dict:
     """
     from runner.config import changed_from_defaults
 
-    chosen = [k for k in dict.fromkeys(keys) if not _observe_only(k) and _lookup(cfg, k) is not None]
+    chosen = [k for k in dict.fromkeys(keys) if not _observe_only(k)]  # keys load_config already checked
     if not chosen:
         chosen = [k for k in changed_from_defaults(cfg) if not _observe_only(k)] or ["MODEL.NAME"]
-    return {k: _hparam_value(_lookup(cfg, k)) for k in chosen}
-
-
-def _lookup(cfg, key: str):
-    """The value of a dotted key in a yacs config; None for a key it does not have."""
-    node = cfg
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+    return {k: _hparam_value(functools.reduce(getattr, k.split("."), cfg)) for k in chosen}
 
 
 def _hparam_value(value) -> int | float | str:
