@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -34,15 +35,16 @@ def atomic_save(obj: dict, path: str | os.PathLike, intact: str = "") -> None:
 
 
 def atomic_link(src: Path, dst: Path) -> None:
-    """Point `dst` at the file `src` atomically (hard link, or a copy where links are unsupported)."""
+    """Point `dst` at the file `src` atomically (hard link, or a streamed copy where links are unsupported)."""
     tmp = temp_name(dst)
     tmp.unlink(missing_ok=True)
     try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            atomic_write(dst, src.read_bytes())
-            return
+        os.link(src, tmp)
+    except OSError:
+        with open(src, "rb") as f:
+            atomic_write(dst, lambda out: shutil.copyfileobj(f, out))
+        return
+    try:
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
