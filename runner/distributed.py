@@ -146,10 +146,10 @@ def teardown() -> None:
         tdist.destroy_process_group()
 
 
-def broadcast_object(obj, group=None):
-    """Rank 0's `obj` on every rank (a small picklable verdict, sent over a CPU group); identity alone."""
+def broadcast_object(obj, group):
+    """Rank 0's `obj` on every rank, over `group` (control_group(): CPU, made once); identity alone."""
     if not (tdist.is_available() and tdist.is_initialized()):
         return obj
     box = [obj]
-    tdist.broadcast_object_list(box, src=0, group=group if group is not None else control_group())
+    tdist.broadcast_object_list(box, src=0, group=group)
     return box[0]
