@@ -31,6 +31,7 @@ from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
 from runner.errors import UserError
+from runner.fsutil import atomic_write
 
 logger = logging.getLogger("runner")
 
@@ -119,11 +120,6 @@ def _entry_is_dir(entry: os.DirEntry) -> bool:
         return entry.is_dir()
     except OSError:
         return False
-
-
-def _list_images(class_dir: Path) -> list[str]:
-    """Image files under one class folder, each real file once, in a stable order (see _walk_class)."""
-    return sorted(_walk_class(class_dir).values())
 
 
 def class_dirs(split_dir: Path) -> list[Path]:
@@ -574,8 +570,6 @@ def write_class_map(output_dir: str | Path, classes: Sequence[str]) -> Path:
     """Write OUTPUT_DIR/class_map.json ({"0": "cat", ...}) atomically; return its path."""
     path = Path(output_dir) / "class_map.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    from runner.fsutil import atomic_write
-
     atomic_write(path, json.dumps({str(i): c for i, c in enumerate(classes)}, indent=1) + "\n")
     return path
 
