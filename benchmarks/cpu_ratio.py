@@ -64,9 +64,7 @@ def process_runners(name: str, args: argparse.Namespace, env: dict[str, str]) ->
 
 def inprocess_runners(name: str, args: argparse.Namespace) -> dict:
     """Build both in this process, warm both up; callables that time one block of steps each."""
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import raw_loop
+    import raw_loop  # benchmarks/ is on sys.path: it is this script's own folder
     import torch
 
     from runner.bench import TrainTimer

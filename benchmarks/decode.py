@@ -13,12 +13,9 @@ import argparse
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torchvision

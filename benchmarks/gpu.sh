@@ -15,6 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
+# Where the project is not pip-installed (a bare GPU box with only torch and timm), import it from here.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 has_cuda=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))")
 if [[ "${1:-}" == "--tiny" || "$has_cuda" == "0" ]]; then
@@ -32,8 +34,7 @@ mkdir -p "$OUT"
 DATASET=$((BATCH * 8))
 
 peak=$("$PY" -c "
-import sys, torch
-sys.path.insert(0, '.')
+import torch
 from runner.bench import peak_tflops
 print(peak_tflops(torch.cuda.get_device_name(0), 'bf16') or 0 if torch.cuda.is_available() else 0)")
 

@@ -69,7 +69,6 @@ def child(argv: list[str]) -> None:
     t0 = float(os.environ[T0_ENV])
     phases: dict[str, float] = defaultdict(float)
     phases["python start-up"] = time.time() - t0
-    sys.path.insert(0, str(ROOT))
     for mod in ("torch", "timm", "runner.engine"):
         s = time.time()
         __import__(mod)

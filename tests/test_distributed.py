@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from utils import ROOT, TRAIN, env, is_alive, proc_env, proc_stat, read_jsonl, run_tool, torchrun
 
 from runner.config import get_default_config
 from runner.data import DeviceLoader, load_digits_tensors, shard
 from runner.distributed import Dist
+from tests.utils import ROOT, TRAIN, env, is_alive, proc_env, proc_stat, read_jsonl, run_tool, torchrun
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 B = 8  # per-process batch of the 2-process run; the 1-process run takes 2 * B

@@ -7,7 +7,8 @@ import os
 
 import pytest
 import torch
-from utils import ROOT, TINY, read_jsonl, run_tool
+
+from tests.utils import ROOT, TINY, read_jsonl, run_tool
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,9 +51,10 @@ def test_only_cuda_visible_devices_is_reported(monkeypatch):
 
 
 def test_report_without_any_installed_package():
-    # -S drops site-packages: torch, timm, yacs... are all missing, as on a half-built machine
+    # -S drops site-packages: torch, timm, yacs... are all missing, as on a half-built machine (where the
+    # runner itself is found through PYTHONPATH, as on a bare GPU box)
     result = subprocess.run([sys.executable, "-S", str(ROOT / "tools" / "env_info.py")],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     rows = [line.split("  ", 1) for line in result.stdout.splitlines() if "  " in line]
     lines = {key.strip(): value.strip() for key, value in rows if key.strip() in {"torch", "timm"}}
@@ -68,6 +70,6 @@ def test_columns_are_aligned():
 
 
 def test_unknown_argument_is_one_line():
-    from utils import assert_user_error, run_tool
+    from tests.utils import assert_user_error, run_tool
 
     assert_user_error(run_tool("env_info.py", ["--bogus"]), "unrecognized arguments: --bogus")  # was usage + error

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from utils import ROOT, TINY, env, read_jsonl, run_tool
 
 from runner.config import load_config
 from runner.logging import run_hparams
+from tests.utils import ROOT, TINY, env, read_jsonl, run_tool
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 LRS = ("0.1", "0.05")  # 0.1 is the default

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from utils import ROOT, TRAIN, env, is_alive, proc_env, read_jsonl, run_tool, torchrun
 
 from runner.checkpoint import STEP_RE, atomic_save, save_checkpoint
 from runner.fsutil import TMP_RE
+from tests.utils import ROOT, TRAIN, env, is_alive, proc_env, read_jsonl, run_tool, torchrun
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 # Deterministic and tiny, with every source of state a resume must restore: dropout (torch RNG), mixup (numpy
@@ -367,8 +367,7 @@ def test_extending_epochs_continues_training(reference, tmp_path):
 
 # ---- a crash while writing a checkpoint ----------------------------------------------------------------
 _SAVER = """
-import sys, torch
-sys.path.insert(0, {root!r})
+import torch
 from runner.checkpoint import save_checkpoint
 state = {{"model": {{"w": torch.randn(12_000_000)}}, "step": 0}}
 for step in range(1, 10_000):

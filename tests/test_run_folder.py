@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from utils import ROOT, TINY, assert_user_error, run_tool, torchrun
+
+from tests.utils import ROOT, TINY, assert_user_error, run_tool, torchrun
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 TRAIN = str(ROOT / "tools" / "train.py")

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from utils import assert_user_error
 
 from runner.config import get_default_config
 from runner.runstate import RunLock
 from runner.summary import summarize
+from tests.utils import assert_user_error
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = time.time() - 3600  # an hour ago: long past the "recently active" window
@@ -243,6 +243,6 @@ def test_markdown_row_stays_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args, fragment", [([], "required: root"), (["x", "--format", "xml"], "invalid choice")])
 def test_summarize_argument_mistakes_are_one_line(args, fragment):
-    from utils import assert_user_error, run_tool
+    from tests.utils import assert_user_error, run_tool
 
     assert_user_error(run_tool("summarize.py", args), fragment)  # argparse's usage made it three lines

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from utils import assert_user_error, run_tool
+
+from tests.utils import assert_user_error, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("lr_x_model.sh", "per_gpu.sh", "torchrun.sh")

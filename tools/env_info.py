@@ -3,10 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.envinfo import collect_env, format_env
 from runner.errors import argument_error, cli

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.config import build_parser, handle_info_flags, load_config
 from runner.errors import UserError, cli

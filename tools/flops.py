@@ -8,10 +8,6 @@ multiply-accumulates of matmuls, convolutions and attention), in float32, on ran
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.config import build_parser, handle_info_flags, load_config
 from runner.errors import UserError, cli

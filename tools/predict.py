@@ -17,8 +17,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 
 from runner.config import build_parser, get_default_config, handle_info_flags, load_config

@@ -5,8 +5,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from runner.errors import UserError, argument_error, cli
 from runner.summary import ACTIVE_S, DEFAULT_SORT, best_index, sort_rows, summarize, to_csv, to_markdown
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 T0 = time.perf_counter()
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 from runner.errors import UserError, argument_error, cli
 
