@@ -1,4 +1,4 @@
-"""A run folder's state on disk: status file, results, the run lock, and "is this run already done?".
+"""A run folder's state on disk: status file, results, whose folder it is, and "is this run already done?".
 
 Light on purpose (no torch import): tools/train.py asks `finished_run` before importing anything heavy,
 so re-running a finished sweep point costs only Python's start-up.
@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import time
 from pathlib import Path
 
 from runner.errors import UserError
 from runner.fsutil import atomic_write
+from runner.lock import LOCK_NAME, is_holder_text, refuse_if_locked
+from runner.lock import RunLock as RunLock  # re-exported: runner/engine.py takes the lock as runstate.RunLock
 
 # OUTPUT_DIR/run.json "status" values; results.json exists only for "done".
 RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED = (
@@ -55,10 +56,10 @@ def is_our_run(out: Path) -> bool:
         return obj.get("format") == RUN_FORMAT or (_LEGACY_RUN_KEYS <= set(obj) and obj["status"] in _STATUSES)
     try:
         entries = [p.name for p in out.iterdir()]
-        lock_text = (out / "run.lock").read_text(errors="replace") if entries == ["run.lock"] else ""
+        lock_text = (out / LOCK_NAME).read_text(errors="replace") if entries == [LOCK_NAME] else ""
     except OSError:
         return False
-    return re.fullmatch(r"pid \d+ on .+", lock_text) is not None  # another job is starting in it
+    return is_holder_text(lock_text)  # another job is starting in it
 
 
 def has_run_data(out: Path) -> str:
@@ -87,8 +88,7 @@ def check_output_dir(cfg) -> None:
         entries = sorted(p.name for p in out.iterdir())
     except OSError as e:
         raise UserError(f"OUTPUT_DIR {out} cannot be read ({e.strerror}); choose another OUTPUT_DIR") from None
-    if "run.lock" in entries and is_locked(out):
-        raise _in_use(out, (out / "run.lock").read_text(errors="replace").strip())
+    refuse_if_locked(out)
     if entries and not is_our_run(out):
         shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
         raise UserError(f"OUTPUT_DIR {out} is not empty and holds no run of ours (found {shown}; no run.json "
@@ -167,60 +167,3 @@ def done_line(cfg, results: dict, why: str) -> str:
     top1 = results.get("val/top1")
     shown = f"{top1:.2f}" if isinstance(top1, (int, float)) else "-"
     return f"{cfg.OUTPUT_DIR}: already done (val/top1 {shown}; {why}); nothing to train, nothing rewritten"
-
-
-class RunLock:
-    """An exclusive lock on OUTPUT_DIR/run.lock so two jobs never write one folder; the OS drops it on exit."""
-
-    def __init__(self, output_dir: str):
-        self.path = Path(output_dir) / "run.lock"
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock or raise UserError naming the holder."""
-        import fcntl
-
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:  # a read-only or special file system: the checks before cannot see every case
-            raise UserError(f"OUTPUT_DIR {self.path.parent} cannot be written ({e.strerror}); "
-                            "choose another OUTPUT_DIR") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 200).decode(errors="replace").strip()
-            os.close(fd)
-            raise _in_use(self.path.parent, holder) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
-        self.fd = fd
-
-    def release(self) -> None:
-        """Drop the lock."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-def _in_use(out: Path, holder: str) -> UserError:
-    """The error for a folder another job is writing."""
-    return UserError(f"{out} is in use by a running job ({holder or 'another process'}); "
-                     "wait for it or choose another OUTPUT_DIR")
-
-
-def is_locked(output_dir: str | os.PathLike) -> bool:
-    """True while a job holds OUTPUT_DIR's run lock (used by the sweep summary to say 'running')."""
-    import fcntl
-
-    path = Path(output_dir) / "run.lock"
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 from runner.config import get_default_config
-from runner.runstate import is_locked
+from runner.lock import is_locked
 
 # A run with no results.json counts as running when one of its files changed this recently (seconds)
 ACTIVE_S = 120.0
@@ -83,15 +84,10 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: list(node) if isinstance(node, tuple) else node}
 
 
-_DEFAULTS: dict[str, Any] | None = None
-
-
+@functools.cache
 def default_values() -> dict[str, Any]:
     """The defaults of runner.config, flattened (computed once)."""
-    global _DEFAULTS
-    if _DEFAULTS is None:
-        _DEFAULTS = flatten(get_default_config())
-    return _DEFAULTS
+    return flatten(get_default_config())
 
 
 def changed_keys(config: dict[str, Any]) -> dict[str, Any]:
