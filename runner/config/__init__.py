@@ -1,0 +1,28 @@
+"""The configuration: defaults.py (every key), schema.py (what each accepts), io.py (text in and out),
+loader.py (argv, files, overrides, provenance). Imports run one way: defaults <- schema <- io <- loader."""
+from runner.config.defaults import get_default_config
+from runner.config.io import (
+    MISSING,
+    changed_from_defaults,
+    config_from_yaml_text,
+    default_output_dir,
+    diff_configs,
+    dump_config,
+    flatten,
+)
+from runner.config.loader import ConfigInfo, add_config_arguments, build_parser, handle_info_flags, load_config
+from runner.config.schema import (
+    ENUMS,
+    OPTIMIZERS,
+    RESUME_SAFE_KEYS,
+    UNSUPPORTED_OPTIMIZERS,
+    coerce_value,
+    validate,
+)
+
+__all__ = [
+    "ENUMS", "MISSING", "OPTIMIZERS", "RESUME_SAFE_KEYS", "UNSUPPORTED_OPTIMIZERS", "ConfigInfo",
+    "add_config_arguments", "build_parser", "changed_from_defaults", "coerce_value", "config_from_yaml_text",
+    "default_output_dir", "diff_configs", "dump_config", "flatten", "get_default_config", "handle_info_flags",
+    "load_config", "validate",
+]

@@ -1,0 +1,250 @@
+"""Every config key with its default and a comment saying what it means; nothing else.
+
+A YAML file holds only what differs from these. The rules a value must follow are in schema.py, loading in
+loader.py.
+"""
+from __future__ import annotations
+
+from yacs.config import CfgNode as CN
+
+_C = CN()
+
+# ---------------------------------------------------------------------------------------------------------
+# Run
+# ---------------------------------------------------------------------------------------------------------
+# Where everything of one run goes ("~" expanded; relative to the current folder); "" -> filled by the loader:
+# output/<path of the --cfg file under configs/, no .yaml>[-<override tag>] (output/digits/resnet18), or
+# output/<file name>-<hash of its path> for a file elsewhere
+_C.OUTPUT_DIR = ""
+# Seed for python, numpy and torch, the same on every rank (data order and augmentation derive from it)
+_C.SEED = 0
+# Where to run: auto (cuda when available) | cpu | cuda
+_C.DEVICE = "auto"
+
+# ---------------------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------------------
+_C.MODEL = CN()
+# timm model name, as accepted by timm.create_model
+_C.MODEL.NAME = "resnet18"
+# Number of output classes
+_C.MODEL.NUM_CLASSES = 10
+# Number of input image channels
+_C.MODEL.IN_CHANS = 3
+# Ask timm for pretrained weights (needs them cached locally; this machine has no internet)
+_C.MODEL.PRETRAINED = False
+# Local weights file to start from (a runner checkpoint or a plain state_dict); "" = none. "~" expanded;
+# relative to the current folder
+_C.MODEL.CHECKPOINT = ""
+# Dropout rate before the classifier
+_C.MODEL.DROP_RATE = 0.0
+# Stochastic depth rate
+_C.MODEL.DROP_PATH_RATE = 0.0
+# Keep model and inputs in channels_last memory format (faster convolutions on tensor cores)
+_C.MODEL.CHANNELS_LAST = False
+# Wrap the model in torch.compile
+_C.MODEL.COMPILE = False
+# torch.compile mode: default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
+_C.MODEL.COMPILE_MODE = "default"
+# Convert BatchNorm to SyncBatchNorm when training on several processes (CUDA only: torch has no CPU SyncBN)
+_C.MODEL.SYNC_BN = False
+
+# ---------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------
+_C.DATA = CN()
+# Dataset: digits (sklearn 8x8 digits, in memory) | folder (ImageFolder layout under ROOT) | synthetic
+_C.DATA.NAME = "digits"
+# Dataset root folder (needed by folder); "~" expanded; relative to the current folder
+_C.DATA.ROOT = ""
+# Side of the square input images, in pixels
+_C.DATA.IMG_SIZE = 32
+# Training batch size per process (the global batch is this x world size x ACCUM_STEPS)
+_C.DATA.BATCH_SIZE = 64
+# Evaluation batch size per process; 0 = 2 x BATCH_SIZE
+_C.DATA.EVAL_BATCH_SIZE = 0
+# DataLoader worker processes per rank; -1 = auto (from the CPU count)
+_C.DATA.NUM_WORKERS = -1
+# Pin host memory for faster host-to-device copies
+_C.DATA.PIN_MEMORY = True
+# Batches each worker loads ahead
+_C.DATA.PREFETCH_FACTOR = 4
+# In-memory datasets (digits, synthetic) live on the device, skipping the DataLoader
+_C.DATA.ON_DEVICE = True
+# Fraction of the data held out for validation (datasets without a val split)
+_C.DATA.VAL_FRACTION = 0.2
+# Number of images in the synthetic dataset
+_C.DATA.SYNTHETIC_SIZE = 1024
+# Per-channel normalization mean
+_C.DATA.MEAN = (0.485, 0.456, 0.406)
+# Per-channel normalization std
+_C.DATA.STD = (0.229, 0.224, 0.225)
+# Fraction of unreadable image files tolerated (skipped with a warning) before the run stops
+_C.DATA.BAD_FILE_BUDGET = 0.01
+# Check the dataset before training (layout, classes, readable files)
+_C.DATA.CHECK = True
+
+# ---------------------------------------------------------------------------------------------------------
+# Augmentation (training only; passed to timm's transform factory)
+# ---------------------------------------------------------------------------------------------------------
+_C.AUG = CN()
+# Random resized crop: range of the crop area fraction
+_C.AUG.SCALE = (0.08, 1.0)
+# Random resized crop: range of the aspect ratio
+_C.AUG.RATIO = (0.75, 1.3333333333333333)
+# Probability of a horizontal flip
+_C.AUG.HFLIP = 0.5
+# Color jitter strength; 0 = off
+_C.AUG.COLOR_JITTER = 0.4
+# timm auto-augment policy string, e.g. rand-m9-mstd0.5-inc1; "" = off
+_C.AUG.AUTO_AUGMENT = ""
+# Random erasing probability; 0 = off
+_C.AUG.REPROB = 0.0
+# Random erasing fill mode: const | rand | pixel
+_C.AUG.REMODE = "pixel"
+# Center crop fraction at evaluation
+_C.AUG.CROP_PCT = 0.875
+# Resize interpolation: bilinear | bicubic | nearest | random
+_C.AUG.INTERPOLATION = "bilinear"
+# Mixup alpha; 0 = off
+_C.AUG.MIXUP = 0.0
+# CutMix alpha; 0 = off
+_C.AUG.CUTMIX = 0.0
+# Probability of applying mixup or cutmix to a batch
+_C.AUG.MIXUP_PROB = 1.0
+# Probability of switching to cutmix when both are on
+_C.AUG.MIXUP_SWITCH_PROB = 0.5
+# Pixels of random translation for in-memory datasets; 0 = off
+_C.AUG.SHIFT = 0
+
+# ---------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------
+_C.TRAIN = CN()
+# Number of epochs
+_C.TRAIN.EPOCHS = 10
+# Optimizer name from timm's registry (sgd, momentum, adamw, lamb, ...)
+_C.TRAIN.OPTIMIZER = "sgd"
+# Peak learning rate (scaled by LR_REF_BATCH when that is set)
+_C.TRAIN.LR = 0.1
+# SGD momentum
+_C.TRAIN.MOMENTUM = 0.9
+# Weight decay
+_C.TRAIN.WEIGHT_DECAY = 5e-5
+# LR schedule: cosine | step | none
+_C.TRAIN.SCHEDULER = "cosine"
+# Epochs of linear warmup (fractions allowed)
+_C.TRAIN.WARMUP_EPOCHS = 0.0
+# LR at the start of warmup
+_C.TRAIN.WARMUP_LR = 1e-5
+# Lowest LR the schedule reaches
+_C.TRAIN.MIN_LR = 0.0
+# Step schedule: epochs between decays
+_C.TRAIN.DECAY_EPOCHS = 30.0
+# Step schedule: factor applied at each decay
+_C.TRAIN.DECAY_RATE = 0.1
+# Micro-batches accumulated per optimizer step
+_C.TRAIN.ACCUM_STEPS = 1
+# Gradient clipping threshold; 0 = off
+_C.TRAIN.CLIP_GRAD = 0.0
+# Gradient clipping mode: norm | value | agc
+_C.TRAIN.CLIP_MODE = "norm"
+# Label smoothing for the cross-entropy loss
+_C.TRAIN.LABEL_SMOOTHING = 0.0
+# Keep an exponential moving average of the weights (evaluated as well)
+_C.TRAIN.EMA = False
+# EMA decay per optimizer step
+_C.TRAIN.EMA_DECAY = 0.9998
+# Linear LR scaling: 0 = off; else LR *= global batch / LR_REF_BATCH
+_C.TRAIN.LR_REF_BATCH = 0
+# Use fused/foreach optimizer kernels where available
+_C.TRAIN.FUSED = True
+# Stop after this many optimizer steps in total; 0 = no cap
+_C.TRAIN.MAX_STEPS = 0
+
+# ---------------------------------------------------------------------------------------------------------
+# Mixed precision
+# ---------------------------------------------------------------------------------------------------------
+_C.AMP = CN()
+# Run forward and loss under autocast
+_C.AMP.ENABLED = False
+# Autocast dtype: bfloat16 | float16 (float16 adds a gradient scaler)
+_C.AMP.DTYPE = "bfloat16"
+
+# ---------------------------------------------------------------------------------------------------------
+# cuDNN and matmul precision
+# ---------------------------------------------------------------------------------------------------------
+_C.CUDNN = CN()
+# Let cuDNN pick the fastest kernels for fixed input shapes
+_C.CUDNN.BENCHMARK = True
+# Deterministic kernels (slower; reproducible on the same hardware)
+_C.CUDNN.DETERMINISTIC = False
+# Allow TF32 in matmuls and convolutions on Ampere and newer GPUs
+_C.CUDNN.TF32 = True
+
+# ---------------------------------------------------------------------------------------------------------
+# Distributed (torchrun)
+# ---------------------------------------------------------------------------------------------------------
+_C.DIST = CN()
+# Process group backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
+_C.DIST.BACKEND = "auto"
+# Seconds a collective may wait before the process group gives up (at most 7 days: see schema.py)
+_C.DIST.TIMEOUT_S = 600
+# DDP: search for parameters that got no gradient (slower; for models with unused branches)
+_C.DIST.FIND_UNUSED_PARAMETERS = False
+# DDP: broadcast buffers (e.g. BatchNorm statistics) from rank 0 every forward
+_C.DIST.BROADCAST_BUFFERS = True
+# DDP: gradient bucket size in MiB
+_C.DIST.BUCKET_CAP_MB = 25
+
+# ---------------------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------------------
+_C.EVAL = CN()
+# Evaluate every this many epochs (and always at the end)
+_C.EVAL.PERIOD = 1
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------------------
+_C.CHECKPOINT = CN()
+# Save every this many optimizer steps; 0 = only at epoch ends
+_C.CHECKPOINT.PERIOD = 0
+# Number of step checkpoints kept (last.pth and best.pth are kept as well)
+_C.CHECKPOINT.KEEP = 3
+# auto (continue from OUTPUT_DIR when it has a checkpoint) | none (start fresh) | <path to a checkpoint>
+# ("~" expanded; relative to the current folder)
+_C.CHECKPOINT.RESUME = "auto"
+
+# ---------------------------------------------------------------------------------------------------------
+# Logging
+# ---------------------------------------------------------------------------------------------------------
+_C.LOG = CN()
+# Log training scalars every this many optimizer steps
+_C.LOG.PERIOD = 20
+# Write TensorBoard event files
+_C.LOG.TENSORBOARD = True
+# Console progress: auto (bar on a terminal, plain lines otherwise) | bar | plain
+_C.LOG.PROGRESS = "auto"
+
+# ---------------------------------------------------------------------------------------------------------
+# Profiler (torch.profiler)
+# ---------------------------------------------------------------------------------------------------------
+_C.PROFILE = CN()
+# Profile a few training steps and write a trace to OUTPUT_DIR
+_C.PROFILE.ENABLED = False
+# Steps skipped before the profiler starts
+_C.PROFILE.WAIT = 1
+# Steps profiled but discarded (warm-up)
+_C.PROFILE.WARMUP = 1
+# Steps recorded
+_C.PROFILE.ACTIVE = 3
+# Stop the run after profiling
+_C.PROFILE.ONLY = False
+# Rows in the printed summary table
+_C.PROFILE.ROW_LIMIT = 15
+
+
+def get_default_config() -> CN:
+    """A fresh, unfrozen copy of the defaults."""
+    return _C.clone()

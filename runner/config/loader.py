@@ -1,0 +1,238 @@
+"""Loading a config: argv, YAML files and their _BASE_ chains, KEY VALUE overrides, provenance for --explain.
+
+defaults <- _BASE_ chains <- each --cfg file <- KEY VALUE overrides -> validate -> freeze
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yacs.config import CfgNode as CN
+
+from runner.config.defaults import _C, get_default_config
+from runner.config.io import (
+    Entry,
+    apply_entries,
+    chain_text,
+    changed_from_defaults,
+    default_output_dir,
+    dump_config,
+    flatten,
+    parse_yaml,
+    suggest_key,
+)
+from runner.config.schema import COMMAND_LINE, expand_paths, get_value, inline_yaml, lookup, validate
+from runner.errors import UserError, argument_error
+
+# ---------------------------------------------------------------------------------------------------------
+# Arguments and the whole load
+# ---------------------------------------------------------------------------------------------------------
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass
+class ConfigInfo:
+    """How a config was assembled: the arguments, the files, the overrides and where each value came from."""
+
+    args: argparse.Namespace
+    files: list[str]
+    overrides: list[tuple[str, Any]]  # (key, coerced value), in command-line order
+    provenance: dict[str, str] = field(default_factory=dict)  # key -> "file:line" or "command line"
+    history: dict[str, list[tuple[Any, str]]] = field(default_factory=dict)  # key -> every (value, source)
+
+    def config_text(self, cfg: CN) -> str:
+        """The text --print-config shows: the merged config as YAML."""
+        return dump_config(cfg)
+
+    def explain_text(self, cfg: CN) -> str:
+        """The text --explain shows: every non-default value and what set it."""
+        changed = changed_from_defaults(cfg, keep_output_dir=True)
+        if not changed:
+            return "# every key has its default value\n"
+        rows = [(k, inline_yaml(v), self._explain_source(k)) for k, v in changed.items()]
+        wk, wv = max(len(r[0]) for r in rows), min(max(len(r[1]) for r in rows), 40)
+        lines = ["# keys that differ from the defaults in runner/config/defaults.py, and what set them"]
+        lines += [f"{k:<{wk}}  {v:<{wv}}  <- {src}" for k, v, src in rows]
+        return "\n".join(lines) + "\n"
+
+    def _explain_source(self, key: str) -> str:
+        """Where `key` got its final value, with any earlier values it replaced."""
+        src = self.provenance.get(key, "default")
+        earlier = self.history.get(key, [])[:-1]
+        if earlier:
+            src += "  (replaced " + ", ".join(f"{inline_yaml(v)} from {s}" for v, s in earlier) + ")"
+        return src
+
+
+def build_parser(**kwargs: Any) -> argparse.ArgumentParser:
+    """An argument parser with the config arguments, whose errors are one-line UserErrors."""
+    kwargs.setdefault("allow_abbrev", False)
+    kwargs.setdefault("epilog", "Any further KEY VALUE pairs override config keys, e.g. TRAIN.LR 0.05.")
+    parser = argparse.ArgumentParser(**kwargs)
+    add_config_arguments(parser)
+    return parser
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --cfg, --print-config and --explain to `parser`, and make its errors one-line UserErrors."""
+    parser.add_argument("--cfg", action="append", default=[], metavar="FILE",
+                        help="YAML config file; repeat to layer several (later files win)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the merged config as YAML and exit")
+    parser.add_argument("--explain", action="store_true",
+                        help="print where every non-default value came from and exit")
+    parser.error = argument_error  # argparse would print usage and a second line
+
+
+def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
+                check_paths: bool = True) -> tuple[CN, ConfigInfo]:
+    """Parse arguments, merge defaults <- files <- overrides, validate, freeze; UserError on any mistake.
+
+    check_paths False skips the checks that data, weights and OUTPUT_DIR exist, for tools that read and write
+    none of them (tools/flops.py); --print-config and --explain skip them too (they only show the config).
+    """
+    if parser is None:
+        parser = build_parser()
+    elif not any("--cfg" in a.option_strings for a in parser._actions):
+        add_config_arguments(parser)
+    parser.error = argument_error
+    args, rest = parser.parse_known_args(argv)
+    options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    pairs = _pair_overrides(rest, options)
+    cfg = get_default_config()
+    info = ConfigInfo(args=args, files=[os.path.expanduser(p) for p in args.cfg], overrides=[])
+    for path in info.files:
+        apply_entries(cfg, _file_entries(path, ()), info.provenance, info.history)
+    for key, token in pairs:
+        value = yaml_scalar(token)
+        apply_entries(cfg, [Entry(key, value, token, COMMAND_LINE)], info.provenance, info.history)
+        info.overrides.append((key, get_value(cfg, key)))
+    if not cfg.OUTPUT_DIR:
+        cfg.OUTPUT_DIR = default_output_dir(info.files, info.overrides)
+        info.provenance["OUTPUT_DIR"] = "derived from the --cfg file path and the overrides"
+    expand_paths(cfg)
+    showing = getattr(args, "print_config", False) or getattr(args, "explain", False)
+    validate(cfg, info.provenance, check_files=check_paths and not showing)
+    cfg.freeze()
+    return cfg, info
+
+
+def handle_info_flags(cfg: CN, info: ConfigInfo) -> bool:
+    """Print --print-config / --explain output if asked; True means the caller should exit 0 now."""
+    shown = False
+    if getattr(info.args, "print_config", False):
+        sys.stdout.write(info.config_text(cfg))
+        shown = True
+    if getattr(info.args, "explain", False):
+        sys.stdout.write(info.explain_text(cfg))
+        shown = True
+    sys.stdout.flush()
+    return shown
+
+
+def yaml_scalar(token: str) -> Any:
+    """A command-line token read like a YAML value; text that is not valid YAML stays text."""
+    if not token.strip():
+        return token  # DATA.ROOT "" means empty text, not YAML's null
+    try:
+        return yaml.safe_load(token)
+    except yaml.YAMLError:
+        return token
+
+
+def _pair_overrides(tokens: list[str], options: list[str]) -> list[tuple[str, str]]:
+    """Split the leftover command-line tokens into (KEY, VALUE) pairs, refusing stray flags and odd lists."""
+    leaf_keys = flatten(_C)
+    pairs, i = [], 0
+    for tok in tokens:
+        if tok.startswith("--") or re.match(r"^-[A-Za-z]", tok):
+            name = tok.split("=")[0]
+            if name.lstrip("-") in leaf_keys:
+                raise UserError(f"unknown option {tok}: config keys take no dashes: {name.lstrip('-')} VALUE")
+            close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise UserError(f"unknown option {tok}{hint} (options: {', '.join(options)}; config keys are "
+                            "given as KEY VALUE without dashes)")
+    while i < len(tokens):
+        key = tokens[i]
+        if key not in leaf_keys:
+            raise UserError(_bad_key_token(key, tokens[:i]))
+        if i + 1 >= len(tokens):
+            raise UserError(f"{key} has no value: overrides come in KEY VALUE pairs, e.g. {key} "
+                            f"{inline_yaml(get_value(_C, key))}")
+        if tokens[i + 1] in leaf_keys:
+            raise UserError(f"{key} has no value (it is followed by the key {tokens[i + 1]}): "
+                            "overrides come in KEY VALUE pairs")
+        pairs.append((key, tokens[i + 1]))
+        i += 2
+    return pairs
+
+
+def _bad_key_token(tok: str, before: list[str]) -> str:
+    """The message for a token standing where a KEY should be."""
+    section = lookup(tok.upper())
+    if isinstance(section, CN):
+        return f"{tok} is a section, not a key: name a key in it, e.g. {tok.upper()}.{next(iter(section))}"
+    if _KEY_RE.match(tok) and ("." in tok or tok.isupper()):
+        return f"unknown config key {tok} on the command line{suggest_key(tok)}"
+    after = f" (after {' '.join(before[-2:])})" if before else ""
+    return (f"value {tok!r} has no key{after}: overrides come in KEY VALUE pairs, e.g. TRAIN.LR 0.05")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# YAML files and their _BASE_ chains
+# ---------------------------------------------------------------------------------------------------------
+def _file_entries(path: str, chain: tuple[str, ...], named_at: str = "") -> list[Entry]:
+    """The entries of `path` after those of its _BASE_ files (recursively), in merge order."""
+    where = named_at or "--cfg"
+    if not path:
+        raise UserError(f"empty config file path (from {where}): give the path of a YAML file")
+    if path.endswith(".py"):
+        raise UserError(f"{path} (from {where}): Python config files are not supported (they would be "
+                        "executed); write the config as YAML")
+    if not os.path.isfile(path):
+        what = ("is a directory, not a config file" if os.path.isdir(path) else
+                "is not a regular file (a device, pipe or socket)" if os.path.exists(path) else "not found")
+        raise UserError(f"config file {path} {what} (from {where}{chain_text(chain)}){_suggest_file(path)}")
+    real = os.path.realpath(path)
+    if real in {os.path.realpath(c) for c in chain}:
+        raise UserError("_BASE_ cycle: " + " -> ".join(chain + (path,)))
+    chain = chain + (path,)
+    bases, entries = parse_yaml(_read(path), path, chain)
+    out: list[Entry] = []
+    for base, line in bases:
+        base_path = os.path.normpath(os.path.join(os.path.dirname(path), os.path.expanduser(base)))
+        out += _file_entries(base_path, chain, f"_BASE_ at {path}:{line}")
+    return out + entries
+
+
+def _read(path: str) -> str:
+    """The text of a config file, or a UserError saying why it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config file {path}: {e}") from None
+
+
+def _suggest_file(path: str) -> str:
+    """'; did you mean X?' with a similarly named file next to `path`, or ''."""
+    if os.path.isdir(path):  # name a file in it rather than its neighbour
+        try:
+            inside = sorted(n for n in os.listdir(path) if n.endswith((".yaml", ".yml")))
+        except OSError:
+            inside = []
+        return f"; did you mean {os.path.join(path, inside[0])}?" if inside else ""
+    folder = os.path.dirname(path) or "."
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith((".yaml", ".yml"))]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
+    return f"; did you mean {os.path.join(os.path.dirname(path), close[0])}?" if close else ""

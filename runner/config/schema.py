@@ -1,0 +1,320 @@
+"""What each key accepts: its type (the default's), its choices and ranges, the cross-field rules; `validate`.
+
+Values (from files and from the command line alike) are read as YAML and then fitted to the default's type:
+  float key: ints and numeric text too (YAML 1.1 reads `1e-3` as text); nan/inf refused
+  int key:   whole floats (32.0); bools refused      bool key: YAML booleans only (true/True/yes/on/...)
+  text key:  a plain number, bool or date keeps the text exactly as written (18 -> "18", 1e-3 -> "1e-3")
+  list/tuple key: a list, a tuple or "(a, b)" text; elements fitted to the type of the default's first
+  null: only where the default is None. Command-line "" is empty text.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import math
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from yacs.config import CfgNode as CN
+
+from runner.config.defaults import _C
+from runner.errors import UserError
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dotted keys and how values read in messages
+# ---------------------------------------------------------------------------------------------------------
+class _Absent:
+    """Marker for 'no such key' / 'does not convert' (None is a legitimate value)."""
+
+
+ABSENT = _Absent()
+
+
+def lookup(key: str, node: CN = _C) -> Any:
+    """The default for a dotted key, a CfgNode for a section, or ABSENT."""
+    for part in key.split("."):
+        if not isinstance(node, CN) or part not in node:
+            return ABSENT
+        node = node[part]
+    return node
+
+
+def get_value(cfg: CN, key: str) -> Any:
+    """The value of a dotted key."""
+    return lookup(key, cfg)
+
+
+def set_value(cfg: CN, key: str, value: Any) -> None:
+    """Set a dotted key on an unfrozen config."""
+    *sections, leaf = key.split(".")
+    node = cfg
+    for part in sections:
+        node = node[part]
+    node[leaf] = value
+
+
+def inline_yaml(value: Any) -> str:
+    """A value written as YAML would write it inline (true, 0.05, [1, 2], '')."""
+    if isinstance(value, tuple):
+        value = list(value)
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text[:-3].strip() if text.endswith("\n...") or text.endswith("...") else text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What each key accepts
+# ---------------------------------------------------------------------------------------------------------
+# Keys that only extend or observe a run: changing them keeps the output folder and allows resuming
+RESUME_SAFE_KEYS = frozenset(
+    ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
+     "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
+     "DIST.TIMEOUT_S", "OUTPUT_DIR"]
+    + [f"LOG.{k}" for k in _C.LOG] + [f"PROFILE.{k}" for k in _C.PROFILE]
+)
+
+
+# timm optimizer names (timm.optim.list_optimizers() without the bnb*/fused* ones that need bitsandbytes or
+# apex); hardcoded because importing timm costs seconds. tests/config/test_schema.py checks it against timm.
+OPTIMIZERS = (
+    "adabelief adadelta adafactor adafactorbv adafactorbvc adagrad adahessian adam adamax adamc adamp "
+    "adamuon adamw adamwlegacy adan adanw adopt adoptc adoptw cadafactor cadafactorbv cadafactorbvc "
+    "cadamc cadamp cadamw cadan cadanw cadopt cadoptc cadoptw clamb clambw claprop clion clionc cmars "
+    "cnadamc cnadamw crmsproptf csgdc csgdp csgdw kron kronc kronw lamb lambc lambcd lambcw lambw laprop "
+    "lapropc larc lars lion lionc madgrad madgradw mars momentum muon nadam nadamc nadamlegacy nadamuon "
+    "nadamw nesterov nesterovw nlarc nlars nmuon novograd novogradc novogradw radabelief radam "
+    "radamlegacy radamw rmsprop rmsproptf rmsproptfc rmsproptfw sgd sgdc sgdp sgdw"
+).split()
+
+
+# Allowed values of the string keys that are choices (TRAIN.OPTIMIZER is checked separately)
+ENUMS = {
+    "DEVICE": ("auto", "cpu", "cuda"),
+    "MODEL.COMPILE_MODE": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    "DATA.NAME": ("digits", "folder", "synthetic"),
+    "AUG.REMODE": ("const", "rand", "pixel"),
+    "AUG.INTERPOLATION": ("bilinear", "bicubic", "nearest", "random"),
+    "TRAIN.SCHEDULER": ("cosine", "step", "none"),
+    "TRAIN.CLIP_MODE": ("norm", "value", "agc"),
+    "AMP.DTYPE": ("bfloat16", "float16"),
+    "DIST.BACKEND": ("auto", "nccl", "gloo"),
+    "LOG.PROGRESS": ("auto", "bar", "plain"),
+}
+
+
+# Numeric rules: key -> (predicate, what the value must be)
+_GE0 = (lambda x: x >= 0, ">= 0")
+_GE1 = (lambda x: x >= 1, ">= 1")
+_GT0 = (lambda x: x > 0, "> 0")
+_PROB = (lambda x: 0 <= x <= 1, "in [0, 1]")
+_RATE = (lambda x: 0 <= x < 1, "in [0, 1)")
+_RULES = {
+    "SEED": (lambda x: 0 <= x < 2**32, "in [0, 2**32)"),
+    "MODEL.NUM_CLASSES": _GE1, "MODEL.IN_CHANS": _GE1,
+    "MODEL.DROP_RATE": _RATE, "MODEL.DROP_PATH_RATE": _RATE,
+    "DATA.IMG_SIZE": _GE1, "DATA.BATCH_SIZE": _GE1, "DATA.EVAL_BATCH_SIZE": _GE0,
+    "DATA.NUM_WORKERS": (lambda x: x >= -1, ">= 0 (or -1 for auto)"), "DATA.PREFETCH_FACTOR": _GE1,
+    "DATA.VAL_FRACTION": (lambda x: 0 < x < 1, "in (0, 1)"), "DATA.SYNTHETIC_SIZE": _GE1,
+    "DATA.BAD_FILE_BUDGET": _PROB,
+    "AUG.HFLIP": _PROB, "AUG.COLOR_JITTER": _GE0, "AUG.REPROB": _PROB,
+    "AUG.CROP_PCT": (lambda x: 0 < x <= 1, "in (0, 1]"), "AUG.MIXUP": _GE0, "AUG.CUTMIX": _GE0,
+    "AUG.MIXUP_PROB": _PROB, "AUG.MIXUP_SWITCH_PROB": _PROB, "AUG.SHIFT": _GE0,
+    "TRAIN.EPOCHS": _GE1, "TRAIN.LR": _GT0, "TRAIN.MOMENTUM": _RATE, "TRAIN.WEIGHT_DECAY": _GE0,
+    "TRAIN.WARMUP_EPOCHS": _GE0, "TRAIN.WARMUP_LR": _GE0, "TRAIN.MIN_LR": _GE0, "TRAIN.DECAY_EPOCHS": _GT0,
+    "TRAIN.DECAY_RATE": (lambda x: 0 < x <= 1, "in (0, 1]"), "TRAIN.ACCUM_STEPS": _GE1,
+    "TRAIN.CLIP_GRAD": _GE0, "TRAIN.LABEL_SMOOTHING": _RATE,
+    "TRAIN.EMA_DECAY": (lambda x: 0 < x < 1, "in (0, 1)"), "TRAIN.LR_REF_BATCH": _GE0,
+    "TRAIN.MAX_STEPS": _GE0,
+    # a week: a rank that waits longer is hung; far larger values (1e300) overflow timedelta and torch's clocks
+    "DIST.TIMEOUT_S": (lambda x: 1 <= x <= 7 * 24 * 3600, "in [1, 604800] (at most 7 days)"),
+    "DIST.BUCKET_CAP_MB": _GE1,
+    "EVAL.PERIOD": _GE1, "CHECKPOINT.PERIOD": _GE0, "CHECKPOINT.KEEP": _GE1, "LOG.PERIOD": _GE1,
+    "PROFILE.WAIT": _GE0, "PROFILE.WARMUP": _GE0, "PROFILE.ACTIVE": _GE1, "PROFILE.ROW_LIMIT": _GE1,
+}
+
+
+# Names timm lists that the training loop cannot drive, and why (validation refuses them in one line)
+UNSUPPORTED_OPTIMIZERS = {
+    "adahessian": "it needs second-order gradients (backward with create_graph=True), which the training loop "
+                  "does not compute",
+}
+
+
+# Keys holding paths: "~" is expanded once, in load_config, so validation, config.yaml and every use agree
+PATH_KEYS = ("OUTPUT_DIR", "DATA.ROOT", "MODEL.CHECKPOINT", "CHECKPOINT.RESUME")
+
+
+def expand_paths(cfg: CN) -> None:
+    """Expand "~" in the path keys of an unfrozen config; relative paths stay relative to the current folder."""
+    for key in PATH_KEYS:
+        value = get_value(cfg, key)
+        if value and not (key == "CHECKPOINT.RESUME" and value in ("auto", "none")):
+            set_value(cfg, key, os.path.expanduser(value))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Coercion: a value fitted to the type of the key's default
+# ---------------------------------------------------------------------------------------------------------
+_INT_LIMIT = 2**63  # what torch and numpy hold in an integer
+COMMAND_LINE = "command line"
+
+
+def coerce_value(key: str, value: Any, default: Any, raw: str | None = None,
+                 where: str = COMMAND_LINE) -> Any:
+    """`value` converted to the type of `default`, or a UserError naming key, expected type and value."""
+    if default is None:
+        return tuple(value) if isinstance(value, list) else value
+    given = _clip(raw if raw is not None else inline_yaml(value))
+    if value is None:
+        hint = "; use '' for empty" if isinstance(default, str) else ""
+        if raw is not None and raw.strip() == "~":  # YAML's null, though a shell user means the home folder
+            hint = "; a lone ~ is YAML's null: write the full path, or ~/name for a folder in your home"
+        raise UserError(f"{key} cannot be null ({where}): it expects {type_words(default)}{hint}")
+    out = _convert(value, default, raw)
+    if out is ABSENT:
+        raise UserError(f"{key} expects {type_words(default)}, got {given!r} ({where})")
+    if isinstance(out, float) and not math.isfinite(out):
+        raise UserError(f"{key} must be a finite number, got {given!r} ({where})")
+    if isinstance(out, int) and not isinstance(out, bool) and not -_INT_LIMIT <= out < _INT_LIMIT:
+        raise UserError(f"{key} must be an integer in [-2**63, 2**63), got {given!r} ({where})")
+    if isinstance(out, str) and "\0" in out:  # the OS refuses it in paths, C libraries cut names at it
+        raise UserError(f"{key} contains a NUL character ({where}): text values cannot hold one")
+    if isinstance(default, (tuple, list)) and default:
+        items = (coerce_value(f"{key}[{i}]", v, default[0], None, where) for i, v in enumerate(out))
+        out = type(default)(items)
+    return out
+
+
+def _convert(value: Any, default: Any, raw: str | None) -> Any:
+    """The friendlier-than-yacs conversion; ABSENT when the value does not fit."""
+    if isinstance(default, bool):
+        return value if isinstance(value, bool) else ABSENT
+    if isinstance(default, str):
+        if isinstance(value, str):
+            return value
+        # a number, bool or date for a text key: keep the text exactly as written ("18", "1e-3", "yes")
+        return raw if raw is not None and not isinstance(value, (list, dict)) else ABSENT
+    if isinstance(default, (int, float)):
+        number = value
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as text
+            try:
+                number = float(value) if not _is_int_text(value) else int(value)
+            except ValueError:
+                return ABSENT
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            return ABSENT
+        if isinstance(default, float):
+            return float(number) if abs(number) < 2**1024 else math.inf  # float(10**400) raises OverflowError
+        if isinstance(number, float):
+            return int(number) if math.isfinite(number) and number.is_integer() else ABSENT
+        return number
+    if isinstance(default, (tuple, list)):
+        if isinstance(value, str):
+            try:
+                value = ast.literal_eval(value)  # "(0.5, 0.5)", which YAML reads as text
+            except (ValueError, SyntaxError):
+                return ABSENT
+        return type(default)(value) if isinstance(value, (list, tuple)) else ABSENT
+    return ABSENT
+
+
+def _clip(text: str, width: int = 60) -> str:
+    """Long text shortened for a one-line message."""
+    return text if len(text) <= width else text[:width] + "..."
+
+
+def _is_int_text(text: str) -> bool:
+    """True for text such as '12' or '-3' (int(text) would work)."""
+    return bool(re.fullmatch(r"\s*[-+]?\d[\d_]*\s*", text))
+
+
+def type_words(default: Any) -> str:
+    """How the expected type reads in a message."""
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a number"
+    if isinstance(default, str):
+        return "text"
+    if isinstance(default, (tuple, list)):
+        return f"a list like {inline_yaml(default)}"
+    return type(default).__name__
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation (every rule in one place)
+# ---------------------------------------------------------------------------------------------------------
+def validate(cfg: CN, provenance: dict[str, str] | None = None, check_files: bool = True) -> None:
+    """Check enums, ranges and cross-field rules; the first problem becomes a one-line UserError."""
+    prov = provenance or {}
+
+    def fail(key: str, message: str, hint: str = "") -> None:
+        raise UserError(f"{message} ({prov.get(key, 'default')}){hint}")
+
+    for key, allowed in ENUMS.items():
+        value = get_value(cfg, key)
+        if value not in allowed:
+            hint = difflib.get_close_matches(str(value).lower(), allowed, n=1, cutoff=0.5)
+            fail(key, f"{key} must be one of {'|'.join(allowed)}, got {value!r}",
+                 f"; did you mean {hint[0]}?" if hint else "")
+    opt = cfg.TRAIN.OPTIMIZER
+    name = opt[len("lookahead_"):] if opt.startswith("lookahead_") else opt
+    if name not in OPTIMIZERS:
+        hint = difflib.get_close_matches(name.lower(), OPTIMIZERS, n=1, cutoff=0.6)
+        fail("TRAIN.OPTIMIZER", "TRAIN.OPTIMIZER must be a timm optimizer name such as sgd|momentum|adamw|"
+                                f"adam|lamb|lion|rmsprop (all {len(OPTIMIZERS)}: runner.config.OPTIMIZERS), "
+                                f"optionally with a lookahead_ prefix, got {opt!r}",
+             f"; did you mean {hint[0]}?" if hint else "")
+    if name in UNSUPPORTED_OPTIMIZERS:
+        fail("TRAIN.OPTIMIZER", f"TRAIN.OPTIMIZER {opt} is not supported: {UNSUPPORTED_OPTIMIZERS[name]}; "
+                                "choose another, e.g. adamw")
+    for key, (ok, words) in _RULES.items():
+        if not ok(get_value(cfg, key)):
+            fail(key, f"{key} must be {words}, got {inline_yaml(get_value(cfg, key))}")
+    if not cfg.MODEL.NAME:
+        fail("MODEL.NAME", "MODEL.NAME must name a timm model, e.g. resnet18")
+    _validate_cross_field(cfg, fail, check_files)
+
+
+def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:
+    """Rules that involve several keys or the file system."""
+    d, t = cfg.DATA, cfg.TRAIN
+    if d.NAME == "folder" and not d.ROOT:
+        fail("DATA.NAME", "DATA.NAME folder needs DATA.ROOT, the folder that holds the class folders")
+    if check_files and d.NAME == "folder" and not os.path.isdir(d.ROOT):
+        fail("DATA.ROOT", f"DATA.ROOT {d.ROOT!r} is not a folder")
+    if check_files and os.path.exists(cfg.OUTPUT_DIR) and not os.path.isdir(cfg.OUTPUT_DIR):
+        fail("OUTPUT_DIR", f"OUTPUT_DIR {cfg.OUTPUT_DIR} is a file, not a folder; choose another OUTPUT_DIR")
+    for key in ("DATA.MEAN", "DATA.STD"):
+        if len(get_value(cfg, key)) != cfg.MODEL.IN_CHANS:
+            fail(key, f"{key} needs one value per input channel (MODEL.IN_CHANS {cfg.MODEL.IN_CHANS}), "
+                      f"got {inline_yaml(get_value(cfg, key))}")
+    if min(d.STD) <= 0:
+        fail("DATA.STD", f"DATA.STD values must be > 0, got {inline_yaml(d.STD)}")
+    for key, top in (("AUG.SCALE", 1.0), ("AUG.RATIO", math.inf)):
+        lo_hi = get_value(cfg, key)
+        if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= top:
+            fail(key, f"{key} must be [low, high] with 0 < low <= high{' <= 1' if top == 1.0 else ''}, "
+                      f"got {inline_yaml(lo_hi)}")
+    if t.MIN_LR > t.LR:
+        fail("TRAIN.MIN_LR", f"TRAIN.MIN_LR ({t.MIN_LR}) must not exceed TRAIN.LR ({t.LR})")
+    if t.WARMUP_EPOCHS >= t.EPOCHS and t.WARMUP_EPOCHS > 0:
+        fail("TRAIN.WARMUP_EPOCHS", f"TRAIN.WARMUP_EPOCHS ({t.WARMUP_EPOCHS}) must be less than TRAIN.EPOCHS "
+                                    f"({t.EPOCHS})")
+    if cfg.DIST.BACKEND == "nccl" and cfg.DEVICE == "cpu":
+        fail("DIST.BACKEND", "DIST.BACKEND nccl needs GPUs; use gloo (or auto) with DEVICE cpu")
+    if cfg.PROFILE.ONLY and not cfg.PROFILE.ENABLED:
+        fail("PROFILE.ONLY", "PROFILE.ONLY needs PROFILE.ENABLED true")
+    resume = cfg.CHECKPOINT.RESUME
+    if not resume:
+        fail("CHECKPOINT.RESUME", "CHECKPOINT.RESUME must be auto, none or a checkpoint path, got ''")
+    if check_files and resume not in ("auto", "none") and not os.path.isfile(resume):
+        fail("CHECKPOINT.RESUME", f"CHECKPOINT.RESUME {resume!r} is not a file (use auto, none or the path "
+                                  "of a checkpoint)")
+    if check_files and cfg.MODEL.CHECKPOINT and not os.path.isfile(cfg.MODEL.CHECKPOINT):
+        fail("MODEL.CHECKPOINT", f"MODEL.CHECKPOINT {cfg.MODEL.CHECKPOINT!r} is not a file")
