@@ -1,6 +1,8 @@
-"""Decoding throughput of folder datasets: images/s per core, plain PIL ImageFolder against runner.folder.
+"""Decoding throughput of folder datasets: images/s per core, plain PIL ImageFolder against runner.data.folder.
 
-    python benchmarks/decode.py [--root DIR] [--images 600] [--repeats 3] [--parts transforms,decode,loader]
+    python -m benchmarks.decode [--root DIR] [--images 600] [--repeats 3] [--parts transforms,decode,loader]
+
+(run from the repository root, as a module: the digits export is the tests' fixture, tests.data.fixtures)
 
 Data (written under --root on the first run): scikit-learn's digits exported as 224 px JPEGs (1,797 files) and
 scikit-learn's two sample photos (640x427 JPEGs) copied 64 times each. Every pipeline runs in this one process
@@ -23,15 +25,15 @@ from PIL import Image
 from torch.utils.data import DataLoader, RandomSampler
 
 from runner.config import get_default_config
-from runner.folder import (
+from runner.data.folder import (
     FolderDataset,
     build_transform,
-    export_digits_jpegs,
     open_image,
     scan_folder,
     speed_up,
     timm_transform,
 )
+from tests.data.fixtures import export_digits_jpegs
 
 # (data set, output size) cases: the digits config size, the ImageNet size, and a low-resolution size
 CASES = [("digits", 32), ("digits", 224), ("photos", 224), ("photos", 128)]
@@ -99,7 +101,7 @@ def rates(fns: dict, paths: list[str], n: int, repeats: int) -> dict[str, float]
 
 
 def decode_only(paths: list[str], n: int, repeats: int, size: int) -> dict[str, float]:
-    """Raw decode rates to RGB: PIL whole, PIL at the DCT scale the eval resize allows (with runner.folder's
+    """Raw decode rates to RGB: PIL whole, PIL at the DCT scale the eval resize allows (with the folder decode's
     gap of 2), torchvision.io."""
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from runner.config import load_config
-from runner.data import DeviceLoader, load_digits_tensors, random_shift
+from runner.data.loaders import DeviceLoader
+from runner.data.memory import load_digits_tensors, random_shift
 from runner.distributed import Dist
-from runner.folder import export_digits_jpegs
+from tests.data.fixtures import export_digits_jpegs
 from tests.utils import ROOT, run_tool
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")

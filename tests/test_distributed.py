@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from runner.config import get_default_config
-from runner.data import DeviceLoader, load_digits_tensors, shard
+from runner.data.loaders import DeviceLoader, shard
+from runner.data.memory import load_digits_tensors
 from runner.distributed import Dist
 from tests.utils import ROOT, TRAIN, env, is_alive, proc_env, proc_stat, read_jsonl, run_tool, torchrun
 

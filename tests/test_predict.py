@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 from runner.config import get_default_config
-from runner.folder import export_digits_jpegs, write_class_map
+from runner.data import write_class_map
+from tests.data.fixtures import export_digits_jpegs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = """MODEL:

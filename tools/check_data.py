@@ -19,7 +19,7 @@ import time
 from runner.config import build_parser, handle_info_flags, load_config
 from runner.errors import UserError, cli
 
-SPLITS = ("train", "val")  # as in runner.folder, which is imported only once the arguments are good
+SPLITS = ("train", "val")  # as in runner.data.folder, which is imported only once the arguments are good
 
 
 def print_counts(index) -> None:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.DATA.NAME != "folder" and not cfg.DATA.ROOT:
         raise UserError(f"tools/check_data.py checks image folders; this config reads DATA.NAME {cfg.DATA.NAME}, "
                         "which has no files to check (give DATA.NAME folder DATA.ROOT <folder> to check one)")
-    from runner.folder import build_transform, scan_folder
+    from runner.data.folder import build_transform, scan_folder
 
     for training in (True, False):  # AUG.AUTO_AUGMENT, MODEL.IN_CHANS: refused here as training would refuse them
         build_transform(cfg, training)

@@ -55,7 +55,8 @@ def split_images(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list
 
 def class_names(meta: dict, cfg, checkpoint: str, n: int) -> list[str]:
     """Names for the n outputs: checkpoint, then the run's class_map.json, then DATA.ROOT/train, then indices."""
-    from runner.folder import class_dirs, read_class_map
+    from runner.data import read_class_map
+    from runner.data.folder import class_dirs
 
     names = meta.get("class_names") or []
     ckpt = Path(checkpoint).resolve()
@@ -73,7 +74,7 @@ def class_names(meta: dict, cfg, checkpoint: str, n: int) -> list[str]:
 
 def load_input(path: str, transform) -> torch.Tensor:
     """One image file through the eval transform; UserError naming the file when it cannot be read."""
-    from runner.folder import DECODE_ERRORS, open_image
+    from runner.data.folder import DECODE_ERRORS, open_image
 
     p = Path(path)
     if p.is_dir():
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--topk {info.args.topk}: give a number of classes >= 1")
     if not images:
         raise UserError("no image given: add one or more image paths after the config arguments")
-    from runner.folder import build_transform
+    from runner.data.folder import build_transform
     from runner.model import build_model, load_weights
 
     bare = cfg.clone()

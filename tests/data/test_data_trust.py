@@ -11,15 +11,15 @@ import pytest
 from PIL import Image
 
 from runner.config import get_default_config
-from runner.errors import UserError
-from runner.folder import (
+from runner.data.folder import (
     build_folder_datasets,
     build_transform,
     check_auto_augment,
-    export_digits_jpegs,
     open_image,
     scan_folder,
 )
+from runner.errors import UserError
+from tests.data.fixtures import export_digits_jpegs
 from tests.utils import ROOT, TINY, assert_user_error, run_tool
 
 

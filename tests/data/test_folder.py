@@ -13,24 +13,21 @@ import pytest
 import torch
 from PIL import Image
 
-from runner import folder
 from runner.config import get_default_config
-from runner.errors import UserError
-from runner.folder import (
+from runner.data import folder, read_class_map, write_class_map
+from runner.data.folder import (
     FolderDataset,
     build_folder_datasets,
     build_transform,
     check_budget,
     check_file,
-    export_digits_jpegs,
     open_image,
-    read_class_map,
     scan_folder,
     timm_transform,
-    write_class_map,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
+from runner.errors import UserError
+from tests.data.fixtures import export_digits_jpegs
+from tests.utils import ROOT
 
 
 def make_cfg(root: Path | str, **overrides) -> object:
@@ -400,7 +397,7 @@ def test_run_time_budget_error_is_one_line(run_time_failure):
 
 def test_digits_export_has_the_in_memory_val_split(tmp_path):
     """The JPEG export of all digits holds out exactly the 360 images DATA.NAME digits validates on."""
-    from runner.data import read_digits, stratified_split
+    from runner.data.memory import read_digits, stratified_split
 
     root = export_digits_jpegs(tmp_path / "d", size=8)
     _, labels = read_digits()

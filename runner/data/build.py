@@ -1,0 +1,61 @@
+"""build_data(cfg, dist): the train and val loaders of a run, and the class names, for cfg.DATA.NAME."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runner.data.loaders import DeviceLoader, ResumableLoader, ToDevice, host_loader
+from runner.data.memory import in_memory_tensors, warn_ignored_augment
+from runner.distributed import Dist
+
+log = logging.getLogger("runner")
+
+
+@dataclass
+class DataBundle:
+    """What the engine needs from the data: two loaders and the class names."""
+
+    train: ResumableLoader
+    val: ResumableLoader
+    class_names: list[str] = field(default_factory=list)
+
+
+def eval_batch_size(cfg: Any) -> int:
+    """DATA.EVAL_BATCH_SIZE, or twice the training batch when 0."""
+    return cfg.DATA.EVAL_BATCH_SIZE or 2 * cfg.DATA.BATCH_SIZE
+
+
+def _in_memory(cfg: Any, dist: Dist) -> DataBundle:
+    """Loaders over tensors kept on the training device (or on the host when DATA.ON_DEVICE is off)."""
+    (xt, yt, xv, yv), names = in_memory_tensors(cfg, dist.device)
+    dev = dist.device if cfg.DATA.ON_DEVICE else torch.device("cpu")
+    xt, yt, xv, yv = (t.to(dev) for t in (xt, yt, xv, yv))
+    common = dict(dist=dist, seed=cfg.SEED, channels_last=cfg.MODEL.CHANNELS_LAST)
+    train = DeviceLoader(xt, yt, cfg.DATA.BATCH_SIZE, train=True, shift=cfg.AUG.SHIFT, **common)
+    val = DeviceLoader(xv, yv, eval_batch_size(cfg), train=False, **common)
+    if dev != dist.device:  # the copy keeps the memory format asked for (it made channels_last batches NCHW)
+        train, val = (ToDevice(loader, dist.device, cfg.MODEL.CHANNELS_LAST) for loader in (train, val))
+    return DataBundle(train, val, names)
+
+
+def _folder(cfg: Any, dist: Dist) -> DataBundle:
+    """Image folders (scan, budget, timm transforms) through host DataLoaders."""
+    from runner.data.folder import build_folder_datasets  # torchvision and timm's transforms: only when needed
+
+    train_ds, val_ds, names = build_folder_datasets(cfg)
+    return DataBundle(host_loader(train_ds, cfg, dist, batch_size=cfg.DATA.BATCH_SIZE, train=True),
+                      host_loader(val_ds, cfg, dist, batch_size=eval_batch_size(cfg), train=False), list(names))
+
+
+def build_data(cfg: Any, dist: Dist) -> DataBundle:
+    """The train and val loaders for cfg.DATA.NAME."""
+    t0 = time.perf_counter()
+    if cfg.DATA.NAME != "folder":
+        warn_ignored_augment(cfg)
+    bundle = _folder(cfg, dist) if cfg.DATA.NAME == "folder" else _in_memory(cfg, dist)
+    log.debug("data ready in %.2fs", time.perf_counter() - t0)
+    return bundle

@@ -1,0 +1,158 @@
+"""Image-folder datasets: timm's transforms built from cfg.AUG (with the fast first steps of decode.py), and a
+Dataset that skips files that go bad during training, within DATA.BAD_FILE_BUDGET."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from timm.data import create_transform
+from torch.utils.data import Dataset
+from torchvision import transforms
+
+from runner.data.classes import check_classes
+from runner.data.folder.decode import DECODE_ERRORS, open_image, speed_up
+from runner.data.folder.scan import CHECK_TOOL, SPLITS, FolderIndex, check_budget, scan_folder
+from runner.errors import UserError
+
+logger = logging.getLogger("runner")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Transforms
+# ---------------------------------------------------------------------------------------------------------
+# timm's AUG.AUTO_AUGMENT grammar: a policy, then dash-separated <key><number> sections (t<name> for rand)
+AA_SECTIONS = {"rand": {"m": int, "n": int, "mstd": float, "mmax": int, "inc": int, "p": float},
+               "augmix": {"m": int, "w": int, "d": int, "a": float, "b": int, "mstd": float},
+               "auto": {"mstd": float}}
+AA_POLICIES = ("original", "originalr", "v0", "v0r", "3a")  # timm's AutoAugment policies
+AA_RAND_SETS = ("weights", "3a", "3aw")  # rand-t<name>
+AA_SYNTAX = ("timm's syntax: rand[-m<int>][-n<int>][-mstd<float>][-mmax<int>][-inc<0|1>][-p<float>]"
+             f"[-t<{'|'.join(AA_RAND_SETS)}>] (e.g. rand-m9-mstd0.5-inc1), augmix[-m<int>][-w<int>][-d<int>]"
+             f"[-a<float>][-b<0|1>][-mstd<float>], or {'|'.join(AA_POLICIES)}[-mstd<float>]; '' for none")
+
+
+def check_auto_augment(value: str) -> None:
+    """Refuse an AUG.AUTO_AUGMENT string timm would reject with an assert or, worse, silently half-ignore
+    (timm skips any section without a number: rand-mX is RandAugment at the default magnitude)."""
+    policy, *sections = value.split("-")
+    kind = policy if policy in ("rand", "augmix") else "auto" if policy in AA_POLICIES else None
+    if kind is None:
+        raise UserError(f"AUG.AUTO_AUGMENT {value!r}: unknown policy {policy!r}; {AA_SYNTAX}")
+    for sec in sections:
+        if kind == "rand" and sec[:1] == "t" and sec[1:] in AA_RAND_SETS:
+            continue
+        key = sec.rstrip("0123456789.")
+        kinds = AA_SECTIONS[kind]
+        try:
+            ok = key in kinds and sec != key and kinds[key](sec[len(key):]) is not None
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UserError(f"AUG.AUTO_AUGMENT {value!r}: section {sec!r} is not one {policy} takes; {AA_SYNTAX}")
+
+
+def eval_interpolation(cfg: Any) -> str:
+    """AUG.INTERPOLATION for the eval resize; 'random' (a training augmentation) evaluates with bilinear."""
+    return "bilinear" if cfg.AUG.INTERPOLATION == "random" else cfg.AUG.INTERPOLATION
+
+
+def timm_transform(cfg: Any, is_training: bool) -> transforms.Compose:
+    """timm's create_transform with every setting taken from cfg.DATA and cfg.AUG."""
+    size = (cfg.MODEL.IN_CHANS, cfg.DATA.IMG_SIZE, cfg.DATA.IMG_SIZE)
+    common = dict(interpolation=cfg.AUG.INTERPOLATION, mean=tuple(cfg.DATA.MEAN), std=tuple(cfg.DATA.STD))
+    if not is_training:
+        common["interpolation"] = eval_interpolation(cfg)  # timm's eval resize has no 'random' (a KeyError)
+        return create_transform(size, is_training=False, crop_pct=cfg.AUG.CROP_PCT, **common)
+    if cfg.AUG.AUTO_AUGMENT:
+        check_auto_augment(cfg.AUG.AUTO_AUGMENT)
+    return create_transform(size, is_training=True, scale=tuple(cfg.AUG.SCALE), ratio=tuple(cfg.AUG.RATIO),
+                            hflip=cfg.AUG.HFLIP, color_jitter=cfg.AUG.COLOR_JITTER or None,
+                            auto_augment=cfg.AUG.AUTO_AUGMENT or None, re_prob=cfg.AUG.REPROB,
+                            re_mode=cfg.AUG.REMODE, **common)
+
+
+def image_mode(cfg: Any) -> str:
+    """PIL mode the model's input channels need: L for 1, RGB for 3; image files give no other count."""
+    if cfg.MODEL.IN_CHANS not in (1, 3):
+        raise UserError(f"MODEL.IN_CHANS {cfg.MODEL.IN_CHANS}: image files are read as grayscale (1 channel) or "
+                        "RGB (3 channels); set MODEL.IN_CHANS 3 (or 1, with one DATA.MEAN and DATA.STD value)")
+    return "L" if cfg.MODEL.IN_CHANS == 1 else "RGB"
+
+
+def build_transform(cfg: Any, is_training: bool) -> transforms.Compose:
+    """The train or eval transform for images opened with open_image (PIL, not yet decoded)."""
+    return speed_up(timm_transform(cfg, is_training), image_mode(cfg))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dataset
+# ---------------------------------------------------------------------------------------------------------
+class FolderDataset(Dataset):
+    """(path, class index) samples decoded through `transform`, giving (CHW float tensor, int target).
+
+    A file that fails to decode is skipped with one warning naming it, and the next sample is returned
+    instead (deterministic). Distinct failures are counted in shared memory, so every DataLoader worker sees
+    the total; once `known_bad` (files the scan rejected) plus those pass `budget` of the split, UserError
+    is raised.
+    """
+
+    def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable, budget: float = 0.01,
+                 known_bad: int = 0, split: str = "train"):
+        if not samples:
+            raise UserError(f"the {split} split has no usable images")
+        self.samples = list(samples)
+        self.transform = transform
+        self.budget = budget
+        self.known_bad = known_bad
+        self.split = split
+        self.failed = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
+
+    def __len__(self) -> int:
+        """Samples in the split."""
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """The transformed image and target at `index`, or at the next index that decodes."""
+        n = len(self.samples)
+        for k in range(n):
+            path, target = self.samples[(index + k) % n]
+            try:
+                return self.transform(open_image(path)), target
+            except DECODE_ERRORS as e:
+                self._record_failure((index + k) % n, path, e)
+        raise UserError(f"no image of the {self.split} split could be decoded")
+
+    def failures(self) -> int:
+        """Distinct files that failed to decode so far (all workers together)."""
+        return int(self.failed.sum())
+
+    def _record_failure(self, i: int, path: str, err: Exception) -> None:
+        """Count a failed file once, warn about it once, stop when the split's budget is passed."""
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        if self.failed[i] == 0:
+            self.failed[i] = 1
+            logger.warning("skipping %s: cannot decode it (%s); using the next image instead", path, reason)
+        n_all = len(self.samples) + self.known_bad
+        n_bad = self.known_bad + self.failures()
+        if n_bad > self.budget * n_all:
+            share = n_bad / n_all
+            raise UserError(f"{n_bad} of {n_all} {self.split} image files are unreadable ({share:.2%}), "
+                            f"over DATA.BAD_FILE_BUDGET {self.budget:.2%}; last: {path} ({reason}); "
+                            f"{CHECK_TOOL} lists them all")
+
+
+def build_folder_datasets(cfg: Any, index: FolderIndex | None = None
+                          ) -> tuple[FolderDataset, FolderDataset, list[str]]:
+    """Train and val datasets for DATA.NAME folder: scan (unless given), budget check, timm transforms."""
+    if index is None:
+        index = scan_folder(cfg)
+    check_budget(index, cfg)
+    check_classes(cfg, index.classes, f"DATA.ROOT {index.root}")
+    for note in index.notes:
+        logger.warning("%s", note)
+    datasets = [FolderDataset(index.samples(split), build_transform(cfg, split == "train"),
+                              budget=cfg.DATA.BAD_FILE_BUDGET, known_bad=index.n_bad(split), split=split)
+                for split in SPLITS]
+    return datasets[0], datasets[1], list(index.classes)

@@ -1,0 +1,173 @@
+"""Decoding image files fast: timm's transforms keep their steps, with a faster first step (a reduced JPEG
+decode, torch's uint8 resize) and a fused to-tensor/normalize."""
+from __future__ import annotations
+
+import random
+import struct
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torchvision.transforms.functional as TF
+import torchvision.transforms.v2.functional as F2
+from PIL import Image
+from timm.data.transforms import MaybeToTensor, RandomResizedCropAndInterpolation
+from torchvision import transforms
+from torchvision.transforms import InterpolationMode
+
+# Errors that mean "this file cannot be decoded"; anything else is a bug and propagates.
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error,
+                 Image.DecompressionBombError)
+
+# A JPEG is decoded reduced only down to twice the size the resize needs (as PIL's thumbnail does): reducing
+# further loses detail (libjpeg's scaled decode upsamples chroma coarsely), measured in docs/PERFORMANCE.md
+DRAFT_GAP = 2.0
+# torch's antialiased uint8 resize matches PIL's within one level for these; it pays for its two copies
+# (PIL -> tensor -> PIL) only on large regions, so smaller ones stay with PIL's resize (crossover measured)
+TORCH_RESIZE_MIN_PIXELS = 300 * 300
+TENSOR_INTERP = {InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, InterpolationMode.NEAREST,
+                 InterpolationMode.NEAREST_EXACT}
+
+
+def to_mode(img: Image.Image, mode: str = "RGB") -> Image.Image:
+    """Decode `img` and convert it to `mode` only when it is not already in it (a convert always copies)."""
+    if img.mode == mode:
+        img.load()
+        return img
+    if img.mode in ("I", "I;16", "I;16B", "I;16L", "F"):  # 16-bit or float grayscale: scale to 8 bits
+        arr = np.asarray(img, dtype=np.float32)
+        top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
+        img = Image.fromarray(np.clip(arr * (255.0 / top), 0, 255).astype(np.uint8), "L")
+    elif img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")  # PIL asks for this step for palette images with transparency
+    return img.convert(mode)
+
+
+def draft(img: Image.Image, mode: str, max_factor: float) -> tuple[Image.Image, int]:
+    """Decode `img` in `mode`; a JPEG at the largest DCT scale-down (1/2, 1/4, 1/8) not above `max_factor`.
+
+    Returns the decoded image and the scale-down factor used (1 for other formats or when nothing fits).
+    """
+    factor = next(s for s in (8, 4, 2, 1) if s <= max(max_factor / DRAFT_GAP, 1.0))
+    if factor > 1 and img.format == "JPEG":
+        img.draft(mode, (img.width // factor, img.height // factor))  # libjpeg then picks exactly `factor`
+    else:
+        factor = 1
+    return to_mode(img, mode), factor
+
+
+def chw_uint8(img: Image.Image) -> torch.Tensor:
+    """A decoded PIL image as a uint8 CHW tensor in channels-last memory (what torch's fast resize wants)."""
+    arr = np.array(img, dtype=np.uint8)
+    return torch.from_numpy(arr[:, :, None] if arr.ndim == 2 else arr).permute(2, 0, 1)
+
+
+def to_pil(t: torch.Tensor, mode: str) -> Image.Image:
+    """A uint8 CHW tensor back to a PIL image, for timm's PIL-only steps (flip, color jitter, RandAugment)."""
+    arr = t.permute(1, 2, 0).contiguous().numpy()
+    return Image.fromarray(arr[:, :, 0] if mode == "L" else arr, mode)
+
+
+class FastRandomResizedCrop(RandomResizedCropAndInterpolation):
+    """timm's random resized crop, with the crop picked on the JPEG header, the JPEG decoded at the
+    smallest DCT scale that keeps the crop at least as large as the output, and torch resizing the uint8."""
+
+    def __init__(self, base: RandomResizedCropAndInterpolation, mode: str = "RGB",
+                 tensor_resize: bool = True):
+        self.size, self.scale, self.ratio = base.size, base.scale, base.ratio
+        self.interpolation, self.mode, self.tensor_resize = base.interpolation, mode, tensor_resize
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        """Crop and resize `img` (opened, not yet decoded) to self.size."""
+        top, left, h, w = self.get_params(img, self.scale, self.ratio)
+        out_h, out_w = self.size
+        interp = self.interpolation
+        if isinstance(interp, (tuple, list)):
+            interp = random.choice(interp)
+        img, s = draft(img, self.mode, min(w / out_w, h / out_h))
+        if not (self.tensor_resize and interp in TENSOR_INTERP and w * h >= TORCH_RESIZE_MIN_PIXELS * s * s):
+            box = (left / s, top / s, (left + w) / s, (top + h) / s)
+            return img.resize((out_w, out_h), TF.pil_modes_mapping[interp], box=box)
+        y0, x0 = top // s, left // s
+        crop = chw_uint8(img)[:, y0:max(y0 + 1, (top + h) // s), x0:max(x0 + 1, (left + w) // s)]
+        return to_pil(F2.resize(crop, [out_h, out_w], interp, antialias=True), self.mode)
+
+
+class FastResize:
+    """Replaces the eval Resize: decodes a JPEG at the smallest DCT scale that keeps it at least the
+    target size, then resizes with torch on uint8; gives a uint8 CHW tensor (CenterCrop and
+    ToNormalizedTensor take it)."""
+
+    def __init__(self, base: transforms.Resize, mode: str = "RGB", tensor_resize: bool = True):
+        self.size, self.max_size, self.interpolation = base.size, base.max_size, base.interpolation
+        self.mode, self.tensor_resize = mode, tensor_resize
+        self.min_wh = (self.size, self.size) if isinstance(self.size, int) else (self.size[-1], self.size[0])
+
+    def __call__(self, img: Image.Image) -> torch.Tensor | Image.Image:
+        """Decode (reduced when possible) and resize `img`, opened but not yet decoded."""
+        img, _ = draft(img, self.mode, min(img.width / self.min_wh[0], img.height / self.min_wh[1]))
+        use_torch = self.interpolation in TENSOR_INTERP and img.width * img.height >= TORCH_RESIZE_MIN_PIXELS
+        if not (self.tensor_resize and use_torch):
+            return TF.resize(img, self.size, self.interpolation, self.max_size)
+        size = [self.size] if isinstance(self.size, int) else list(self.size)
+        return F2.resize(chw_uint8(img), size, self.interpolation, self.max_size, antialias=True)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation.value})"
+
+
+class DecodeMode:
+    """First step when nothing faster applies: decode and convert to `mode` only if needed."""
+
+    def __init__(self, mode: str = "RGB"):
+        self.mode = mode
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        """Decode `img` in self.mode."""
+        return to_mode(img, self.mode)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(mode={self.mode})"
+
+
+class ToNormalizedTensor:
+    """MaybeToTensor + Normalize in one pass: uint8 image -> float CHW (x / 255 - mean) / std."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]):
+        self.mean = torch.as_tensor(mean, dtype=torch.float32).view(-1, 1, 1) * 255.0
+        self.inv_std = 1.0 / (torch.as_tensor(std, dtype=torch.float32).view(-1, 1, 1) * 255.0)
+
+    def __call__(self, pic: Image.Image | torch.Tensor) -> torch.Tensor:
+        """The normalized float tensor of a PIL image or a uint8 CHW tensor."""
+        t = pic if isinstance(pic, torch.Tensor) else chw_uint8(pic)
+        return t.float().contiguous().sub_(self.mean).mul_(self.inv_std)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def speed_up(transform: transforms.Compose, mode: str = "RGB", reduced_decode: bool = True,
+             fused_tensor: bool = True, tensor_resize: bool = True) -> transforms.Compose:
+    """timm's transform, same steps and sizes, for images opened with open_image: decoding and converting
+    only as needed, a reduced JPEG decode, torch's uint8 resize and a fused to-tensor/normalize (each can
+    be turned off, for the benchmark)."""
+    steps = list(transform.transforms)
+    first = steps[0]
+    if reduced_decode and type(first) is RandomResizedCropAndInterpolation:
+        steps[0] = FastRandomResizedCrop(first, mode, tensor_resize)
+    elif reduced_decode and isinstance(first, transforms.Resize):
+        steps[0] = FastResize(first, mode, tensor_resize)
+    else:
+        steps.insert(0, DecodeMode(mode))
+    for i in range(len(steps) - 1):
+        pair = steps[i:i + 2]
+        if fused_tensor and isinstance(pair[0], MaybeToTensor) and isinstance(pair[1], transforms.Normalize):
+            steps[i:i + 2] = [ToNormalizedTensor(pair[1].mean, pair[1].std)]
+            break
+    return transforms.Compose(steps)
+
+
+def open_image(path: str) -> Image.Image:
+    """Open an image lazily (header only), so the transform can choose a reduced-size decode."""
+    return Image.open(path)
