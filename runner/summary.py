@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from runner.config import get_default_config
+from runner.config import flatten, get_default_config
 from runner.lock import is_locked
 
 # A run with no results.json counts as running when one of its files changed this recently (seconds)
@@ -49,15 +49,14 @@ class Run:
 
     path: str
     status: str = ""
-    config_files: str = ""
     config: dict[str, Any] | None = None  # every key of config.yaml, flattened; None when unreadable
     results: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def row(self, keys: list[str]) -> Row:
-        """Column name to value: run, config, the given override keys, then the result columns."""
+        """Column name to value: run, the given override keys, then the result columns."""
         values = {} if self.config is None else {**default_values(), **self.config}
-        row = Row(run=self.path, config=self.config_files, **{k: values.get(k) for k in keys})
+        row = Row(run=self.path, **{k: values.get(k) for k in keys})
         row.update({k: self.results.get(k) for k in RESULT_COLUMNS})
         row.update(status=self.status, note="; ".join(self.notes))
         row.config_known = self.config is not None
@@ -74,20 +73,10 @@ def find_runs(root: Path) -> list[Path]:
     return found
 
 
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested mappings to {"A.B": value}; tuples become lists so YAML and defaults compare equal."""
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: list(node) if isinstance(node, tuple) else node}
-
-
 @functools.cache
 def default_values() -> dict[str, Any]:
-    """The defaults of runner.config, flattened (computed once)."""
-    return flatten(get_default_config())
+    """The defaults of runner.config, flattened (computed once), tuples as lists as config.yaml reads back."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in flatten(get_default_config()).items()}
 
 
 def changed_keys(config: dict[str, Any]) -> dict[str, Any]:
@@ -236,12 +225,8 @@ def summarize_run(folder: Path, root: Path, now: float, active_s: float = ACTIVE
     """Everything the summary shows about one run folder."""
     run = Run(path=folder.relative_to(root).as_posix() or ".")
     results = read_json(run, folder, "results.json")
-    if results is not None and isinstance(results.get("changed"), dict):
-        run.config = {**default_values(), **results["changed"]}  # JSON: much faster than config.yaml
-    else:
-        read_config(run, folder)
+    read_config(run, folder)
     state = read_json(run, folder, "run.json")
-    run.config_files = _files_text((state or {}).get("cfg_files"))
     if results is not None and results.get("status") == "done":
         run.status, note = "done", ""
         run.results = results  # the final and best values, without reading metrics.jsonl
@@ -255,11 +240,6 @@ def summarize_run(folder: Path, root: Path, now: float, active_s: float = ACTIVE
     return run
 
 
-def _files_text(files: Any) -> str:
-    """Config file names recorded as a list or a string, as one cell."""
-    return " ".join(map(str, files)) if isinstance(files, list) else str(files or "")
-
-
 def _first_line(e: BaseException) -> str:
     """First line of an exception message, for one-line notes."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -271,11 +251,7 @@ def summarize(root: Path, active_s: float = ACTIVE_S) -> list[dict[str, Any]]:
     runs = [summarize_run(folder, root, now, active_s) for folder in find_runs(root)]
     # a key that one run changed becomes a column, with every run's value in it (the default included)
     keys = sorted({k for run in runs if run.config is not None for k in changed_keys(run.config)})
-    rows = [run.row(keys) for run in runs]
-    if rows and not any(row["config"] for row in rows):
-        for row in rows:
-            del row["config"]
-    return rows
+    return [run.row(keys) for run in runs]
 
 
 def sort_rows(rows: list[dict[str, Any]], key: str = DEFAULT_SORT, descending: bool = True) -> list[dict]:

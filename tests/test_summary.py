@@ -223,14 +223,6 @@ def test_light_and_fast(tmp_path: Path) -> None:
     assert elapsed < 1.5, f"summarizing 300 runs took {elapsed:.2f}s"
 
 
-def test_changed_keys_from_results_json(tmp_path: Path) -> None:
-    # a finished run's results.json may carry its changed keys; then config.yaml is not even parsed
-    run = make_run(tmp_path / "a", results=done(1.0, changed={"TRAIN.LR": 0.5, "AUG.SCALE": [0.5, 1.0]}))
-    (run / "config.yaml").write_text("not: [yaml\n")
-    row = csv_rows(tmp_path)[0]
-    assert (row["TRAIN.LR"], row["AUG.SCALE"], row["note"]) == ("0.5", "[0.5, 1.0]", "")
-
-
 def test_markdown_row_stays_one_line(tmp_path: Path) -> None:
     # a run.json error written by another tool may span lines; a markdown row must not
     make_run(tmp_path / "a", {"TRAIN.LR": 0.2}, state={"status": "failed", "error": "boom\n  at line 2 | x"})

@@ -19,23 +19,15 @@ from pathlib import Path
 
 import torch
 
-from runner.config import build_parser, get_default_config, handle_info_flags, load_config
+from runner.config import build_parser, flatten, get_default_config, handle_info_flags, load_config
 from runner.errors import UserError, cli
 
 log = logging.getLogger("runner")
 
 
-def _leaf_keys(node, prefix: str = "") -> set[str]:
-    """Every KEY of the config as written on the command line (MODEL.CHECKPOINT, ...)."""
-    keys = set()
-    for k, v in node.items():
-        keys |= _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
-    return keys
-
-
 def split_images(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
     """Separate the image paths from the options and KEY VALUE overrides."""
-    keys = _leaf_keys(get_default_config())
+    keys = flatten(get_default_config())  # every KEY as written on the command line (MODEL.CHECKPOINT, ...)
     rest, images, i = [], [], 0
     while i < len(argv):
         tok = argv[i]

@@ -1,4 +1,4 @@
-"""runner/config.py keeps a user's paths and folders apart and ends every bad input in one line (issue 13)."""
+"""runner/config/ keeps a user's paths and folders apart and ends every bad input in one line (issue 13)."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ from runner.config import ENUMS, default_output_dir, dump_config, load_config
 from runner.errors import UserError
 from tests.utils import TINY, assert_user_error, env, run_tool
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(path: Path, text: str) -> str:
@@ -205,7 +205,7 @@ def test_compile_modes_are_torchs_own():
 
 @pytest.mark.parametrize("mode", ENUMS["LOG.PROGRESS"])
 def test_every_progress_mode(tmp_path, mode):
-    from runner.logging import MetricWriter
+    from runner.sinks import MetricWriter
 
     cfg, _ = load_config(["LOG.PROGRESS", mode, "LOG.TENSORBOARD", "false"])
     writer = MetricWriter(str(tmp_path), cfg, 0, True, 4)

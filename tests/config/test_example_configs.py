@@ -9,7 +9,7 @@ from timm.optim import list_optimizers
 
 from runner.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "test" not in p.parts and p.name != "base.yaml")
 
 
