@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes, finding the newest valid one, safe loading, RNG state capture."""
+"""Checkpoints: what one holds, atomic saving, finding the newest valid one, safe loading, per-rank RNG state."""
 from __future__ import annotations
 
 import contextlib
@@ -6,16 +6,19 @@ import logging
 import os
 import random
 import re
-import shutil
 import signal
 import threading
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from runner import distributed
+from runner.distributed import Dist
 from runner.errors import UserError
-from runner.fsutil import atomic_write, fsync_dir, remove_stale_temps, temp_name
+from runner.fsutil import atomic_link, atomic_write, remove_stale_temps
 
 log = logging.getLogger("runner")
 
@@ -32,23 +35,6 @@ def atomic_save(obj: dict, path: str | os.PathLike, intact: str = "") -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: torch.save(obj, f), intact)
-
-
-def atomic_link(src: Path, dst: Path) -> None:
-    """Point `dst` at the file `src` atomically (hard link, or a streamed copy where links are unsupported)."""
-    tmp = temp_name(dst)
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        with open(src, "rb") as f:
-            atomic_write(dst, lambda out: shutil.copyfileobj(f, out))
-        return
-    try:
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(dst.parent)
 
 
 def step_files(directory: Path) -> list[tuple[int, Path]]:
@@ -84,7 +70,7 @@ def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep:
               else "no earlier checkpoint exists; nothing was lost")
     with held_sigint():
         atomic_save(state, path, intact)
-        if not _looks_whole(path):  # never let pruning leave a damaged file as the only checkpoint
+        if not looks_whole(path):  # never let pruning leave a damaged file as the only checkpoint
             raise RuntimeError(f"checkpoint {path} was written but does not read back as a torch file")
         atomic_link(path, d / "last.pth")
         if best:
@@ -94,15 +80,23 @@ def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep:
     return path
 
 
-def _looks_whole(path: Path) -> bool:
-    """A cheap read-back: torch's zip archive opens and lists its entries (no tensor is loaded)."""
-    import zipfile
-
+def zip_entries(path: Path) -> list[str] | None:
+    """The entry names of the zip archive at `path` (torch.save's format), or None when it is no readable zip."""
     try:
         with zipfile.ZipFile(path) as z:
-            return any(name.endswith("data.pkl") for name in z.namelist())
+            return z.namelist()
     except (OSError, zipfile.BadZipFile):
-        return False
+        return None
+
+
+def is_torch_archive(entries: list[str] | None) -> bool:
+    """True for the entries of a torch file: its pickle (data.pkl) is among them."""
+    return entries is not None and any(name.endswith("data.pkl") for name in entries)
+
+
+def looks_whole(path: Path) -> bool:
+    """A cheap read-back: torch's zip archive opens and lists its entries (no tensor is loaded)."""
+    return is_torch_archive(zip_entries(path))
 
 
 def prune(directory: Path, step: int, keep: int) -> None:
@@ -112,15 +106,25 @@ def prune(directory: Path, step: int, keep: int) -> None:
         old.unlink(missing_ok=True)
 
 
+class NotADict(ValueError):
+    """A torch file that holds something other than a dict (a list, a tensor): no checkpoint, no state_dict."""
+
+    def __init__(self, found: str):
+        super().__init__(f"expected a dict, found {found}")
+        self.found = found
+
+
 def load_file(path: str | os.PathLike) -> dict:
-    """torch.load with weights_only=True (no pickled code runs); raises on a bad file."""
-    obj = torch.load(path, map_location="cpu", weights_only=True)
+    """torch.load with weights_only=True (no pickled code runs); raises on a bad file, NotADict on a non-dict."""
+    with warnings.catch_warnings():  # torch warns about pickle protocols before failing with its own error
+        warnings.simplefilter("ignore")
+        obj = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(obj, dict):
-        raise ValueError(f"expected a dict, found {type(obj).__name__}")
+        raise NotADict(type(obj).__name__)
     return obj
 
 
-def _describe(e: Exception) -> str:
+def describe(e: Exception) -> str:
     """A short reason for a failed load."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{type(e).__name__}: {text}"[:200]
@@ -138,7 +142,7 @@ def find_resumable(output_dir: str | os.PathLike) -> tuple[Path, dict] | None:
                 raise ValueError("not a runner checkpoint (no 'model' or 'step')")
             return path, state
         except Exception as e:  # a truncated, empty or foreign file: fall back to an older one
-            log.warning("checkpoint %s is unusable (%s); trying the previous one", path, _describe(e))
+            log.warning("checkpoint %s is unusable (%s); trying the previous one", path, describe(e))
     return None
 
 
@@ -149,15 +153,57 @@ def load_explicit(path: str) -> dict:
     try:
         state = load_file(path)
     except Exception as e:
-        raise UserError(f"checkpoint '{path}' cannot be loaded ({_describe(e)})") from None
+        raise UserError(f"checkpoint '{path}' cannot be loaded ({describe(e)})") from None
     if "model" not in state or "step" not in state:
         raise UserError(f"checkpoint '{path}' is not a runner checkpoint (no 'model'/'step'); "
                         "to start from plain weights use MODEL.CHECKPOINT")
     return state
 
 
-def rng_state() -> dict:
-    """Every RNG the run draws from, as tensors and plain lists (loadable with weights_only)."""
+# ---------------------------------------------------------------------------------------------------------
+# RNG state: each rank's own, gathered to rank 0 and saved as a list indexed by rank
+# ---------------------------------------------------------------------------------------------------------
+def capture_rng(dist: Dist, group=None) -> list[dict] | None:
+    """Every rank's RNG state (python, numpy, torch CPU, its own GPU's) on rank 0, indexed by rank; None elsewhere.
+
+    A collective: every rank calls it at the same point. `group`: the run's CPU control group.
+    """
+    return distributed.gather_object(_own_rng(dist.device), group)
+
+
+def restore_rng(saved: list[dict] | dict, dist: Dist) -> None:
+    """Give this rank its own RNG state back from a checkpoint's `rng` (capture_rng's list, or an older dict).
+
+    Resumed on another number of processes, the ranks that have a saved state restore it, the others keep the
+    seeded generators, and rank 0 says so in one log line.
+    """
+    if isinstance(saved, dict):  # before per-rank states: rank 0's only, restored on every rank as then
+        _set_own_rng(saved, dist.device)
+        return
+    if dist.rank < len(saved):
+        _set_own_rng(saved[dist.rank], dist.device)
+    if dist.is_main and len(saved) != dist.world_size:
+        log.warning("%s", rng_mismatch(len(saved), dist.world_size))
+
+
+def rng_mismatch(saved: int, world: int) -> str:
+    """The log line of a resume on another number of processes than the checkpoint holds RNG states of."""
+    kept = min(saved, world)
+    restored = f"{_ranks(0, kept - 1)} restored {'its' if kept == 1 else 'their'} own"
+    rest = (f"the other {saved - world} saved states are unused" if saved > world else
+            f"{_ranks(saved, world - 1)} {'keeps its' if world - saved == 1 else 'keep their'} seeded generators")
+    return (f"the checkpoint holds the RNG states of {saved} process{'es' if saved != 1 else ''} and this run has "
+            f"{world}: {restored}, {rest}; random draws (dropout, drop-path, augmentation) differ from an "
+            "uninterrupted run")
+
+
+def _ranks(first: int, last: int) -> str:
+    """'rank 3' or 'ranks 3-7'."""
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+
+def _own_rng(device: torch.device) -> dict:
+    """This process's RNGs as tensors and plain lists (loadable with weights_only); its own GPU's only."""
     np_state = np.random.get_state()
     py_state = random.getstate()
     state = {
@@ -166,17 +212,35 @@ def rng_state() -> dict:
                   "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
         "python": [py_state[0], list(py_state[1]), py_state[2]],
     }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_own_rng(state: dict, device: torch.device) -> None:
+    """Restore what _own_rng() captured (or an older checkpoint's state) on this process and its own GPU."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    v, internal, gauss = state["python"]
+    random.setstate((v, tuple(internal), gauss))
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):  # older checkpoints: every visible GPU's state, saved by rank 0
+        index = device.index or 0
+        cuda = cuda[index] if device.type == "cuda" and index < len(cuda) else None
+    if cuda is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(cuda, device)
+
+
+def rng_state() -> dict:
+    """This process's RNG state in the older format (every visible GPU's): the engine's call until capture_rng."""
+    state = _own_rng(torch.device("cpu"))
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what rng_state() captured."""
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    v, internal, gauss = state["python"]
-    random.setstate((v, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    """Restore rng_state() on this process and its current GPU: the engine's call until restore_rng."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    _set_own_rng(state, device)

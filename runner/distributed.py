@@ -153,3 +153,12 @@ def broadcast_object(obj, group):
     box = [obj]
     tdist.broadcast_object_list(box, src=0, group=group)
     return box[0]
+
+
+def gather_object(obj, group) -> list | None:
+    """Every rank's `obj` on rank 0, as a list indexed by rank (None on the others), over `group`; [obj] alone."""
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return [obj]
+    box = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else None
+    tdist.gather_object(obj, box, dst=0, group=group)
+    return box

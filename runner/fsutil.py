@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -40,9 +41,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
     The temporary file is always removed; a full disk becomes a one-line UserError that says what is intact
     (`intact`, by default the previous file at `path`).
     """
-    path = Path(path)
-    tmp = temp_name(path)
-    try:
+    def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             if callable(data):
                 data(f)
@@ -50,11 +49,43 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
                 f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+
+    _replace_via_temp(Path(path), write, intact)
+
+
+def atomic_link(src: Path, dst: Path) -> None:
+    """Point `dst` at the file `src` atomically (hard link, or a streamed copy where links are unsupported)."""
+    def link(tmp: Path) -> None:
+        tmp.unlink(missing_ok=True)  # a temporary file of a killed process that had our pid
+        try:
+            os.link(src, tmp)
+        except OSError as e:
+            raise _NoLink from e
+
+    try:
+        _replace_via_temp(dst, link)
+    except _NoLink:
+        with open(src, "rb") as f:
+            atomic_write(dst, lambda out: shutil.copyfileobj(f, out))
+
+
+class _NoLink(Exception):
+    """The file system refused a hard link: atomic_link copies instead."""
+
+
+def _replace_via_temp(path: Path, make: Callable[[Path], None], intact: str = "") -> None:
+    """The one rename scheme: `make` the temporary file, rename it onto `path`, fsync the folder; never leave it.
+
+    A full disk (seen by the error or by the free space left) becomes the one-line UserError of atomic_write.
+    """
+    tmp = temp_name(path)
+    try:
+        make(tmp)
         os.replace(tmp, path)
     except BaseException as e:
         full = out_of_space(e) or disk_full(path.parent)  # asked before the temporary file frees its space
         tmp.unlink(missing_ok=True)
-        if full and not isinstance(e, KeyboardInterrupt):
+        if full and not isinstance(e, (KeyboardInterrupt, _NoLink)):
             raise UserError(f"no space left on device while writing {path.name} in {path.parent}; "
                             f"{intact or 'the previous ' + path.name} is intact: free some space and run the "
                             "same command again") from None

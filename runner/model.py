@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from runner.checkpoint import NotADict, describe, is_torch_archive, load_file, zip_entries
 from runner.distributed import Dist
 from runner.errors import UserError
 
@@ -150,7 +151,6 @@ def _pretrained_offline(cfg) -> nn.Module:
 # ---------------------------------------------------------------------------------------------------------
 # Weights from a file (MODEL.CHECKPOINT)
 # ---------------------------------------------------------------------------------------------------------
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP's and torch.compile's key prefixes
 STATE_KEYS = ("model", "state_dict", "model_state_dict")  # where runner, Lightning-style and other files keep weights
 
 
@@ -189,10 +189,6 @@ def load_weights(model: nn.Module, path: str, allow_new_head: bool = False) -> d
 
 def read_weights_file(path: str, where: str) -> dict:
     """The dict a weights file holds; a UserError saying what the file is when it holds none."""
-    import warnings
-
-    from runner.checkpoint import _describe
-
     p = Path(path)
     if p.is_dir():
         raise UserError(f"{where} is a folder, not a weights file; name a .pth file in it (e.g. "
@@ -206,21 +202,16 @@ def read_weights_file(path: str, where: str) -> dict:
         raise UserError(f"{where} is {kind}, not a weights file; give a .pth written by torch.save "
                         "(a runner checkpoint or a state_dict) or a .safetensors file")
     try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols before failing with its own error
-            warnings.simplefilter("ignore")
-            obj = torch.load(p, map_location="cpu", weights_only=True)  # no pickled code runs
+        return load_file(p)
+    except NotADict as e:
+        raise UserError(f"{where} holds a {e.found}, not a state_dict (a dict of tensors) nor a "
+                        "runner checkpoint") from None
     except Exception as e:  # noqa: BLE001 - torch raises many types for a file it cannot read
-        raise UserError(f"{where} cannot be read as weights ({_load_reason(e) or _describe(e)})") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"{where} holds a {type(obj).__name__}, not a state_dict (a dict of tensors) nor a "
-                        "runner checkpoint")
-    return obj
+        raise UserError(f"{where} cannot be read as weights ({_load_reason(e) or describe(e)})") from None
 
 
 def _sniff(p: Path) -> str | None:
     """What a file that torch.load cannot read is ('an empty file', 'a PNG image', ...), or None to let it try."""
-    import zipfile
-
     size = p.stat().st_size
     if size == 0:
         return "an empty file (0 bytes)"
@@ -233,25 +224,26 @@ def _sniff(p: Path) -> str | None:
     if len(head) > 9 and head[8:9] == b"{" and 8 < int.from_bytes(head[:8], "little") < size:
         return "safetensors"
     if head.startswith(b"PK\x03\x04"):
-        try:
-            with zipfile.ZipFile(p) as z:
-                names = z.namelist()
-        except zipfile.BadZipFile:
-            return None  # a torch file cut short, most likely: torch.load's error says so
-        if not any(n.endswith("data.pkl") for n in names):
-            return f"a zip archive but not a torch file (it holds {', '.join(names[:3]) or 'nothing'})"
-        return None
+        names = zip_entries(p)
+        if names is None or is_torch_archive(names):
+            return None  # a torch file (one cut short, most likely, when it does not open: torch.load says so)
+        return f"a zip archive but not a torch file (it holds {', '.join(names[:3]) or 'nothing'})"
     if b"\0" not in head:
-        try:
-            text = head.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        first = " ".join(text.split())[:40]
-        hint = " (a config? configs go after --cfg)" if p.suffix in (".yaml", ".yml") else ""
-        if text.startswith("version https://git-lfs"):
-            hint = " (a Git LFS pointer: fetch the file itself with git lfs pull)"
-        return f"a text file beginning '{first}'{hint}"
+        return _sniff_text(p, head)
     return None
+
+
+def _sniff_text(p: Path, head: bytes) -> str | None:
+    """What a text file given as weights is (a config, a Git LFS pointer), or None when it is not text."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    first = " ".join(text.split())[:40]
+    hint = " (a config? configs go after --cfg)" if p.suffix in (".yaml", ".yml") else ""
+    if text.startswith("version https://git-lfs"):
+        hint = " (a Git LFS pointer: fetch the file itself with git lfs pull)"
+    return f"a text file beginning '{first}'{hint}"
 
 
 def _read_safetensors(p: Path, where: str) -> dict:
@@ -284,21 +276,15 @@ def _state_dict_of(obj: dict, where: str) -> tuple[dict, dict]:
     sd = obj[key] if key is not None else obj
     if not isinstance(sd, dict):
         raise UserError(f"{where}: its '{key}' entry holds a {type(sd).__name__}, not a dict of tensors")
-    tensors = {_strip_wrappers(k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    from timm.models import clean_state_dict  # DDP's module. and torch.compile's _orig_mod., in either order
+
+    tensors = {k: v for k, v in clean_state_dict(sd).items() if isinstance(v, torch.Tensor)}
     if not tensors:
         keys = ", ".join(map(str, list(sd)[:5])) or "none"
         raise UserError(f"{where} holds no tensors (its keys: {keys}): not model weights; give a runner "
                         "checkpoint or a file written by torch.save(model.state_dict(), path)")
     meta = {k: v for k, v in obj.items() if k != key} if key is not None else {}
     return tensors, meta
-
-
-def _strip_wrappers(k: str) -> str:
-    """A state_dict key without DDP's module. and torch.compile's _orig_mod. prefixes."""
-    for prefix in WRAPPER_PREFIXES:
-        while k.startswith(prefix):
-            k = k[len(prefix):]
-    return k
 
 
 def _classifier_keys(model: nn.Module, own: dict) -> set[str]:
