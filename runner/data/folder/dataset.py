@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from timm.data import create_transform
+from PIL import Image
+from timm.data import auto_augment, create_transform
 from torch.utils.data import Dataset
 from torchvision import transforms
 
@@ -67,10 +68,28 @@ def timm_transform(cfg: Any, is_training: bool) -> transforms.Compose:
         return create_transform(size, is_training=False, crop_pct=cfg.AUG.CROP_PCT, **common)
     if cfg.AUG.AUTO_AUGMENT:
         check_auto_augment(cfg.AUG.AUTO_AUGMENT)
-    return create_transform(size, is_training=True, scale=tuple(cfg.AUG.SCALE), ratio=tuple(cfg.AUG.RATIO),
-                            hflip=cfg.AUG.HFLIP, color_jitter=cfg.AUG.COLOR_JITTER or None,
-                            auto_augment=cfg.AUG.AUTO_AUGMENT or None, re_prob=cfg.AUG.REPROB,
-                            re_mode=cfg.AUG.REMODE, **common)
+    return _black_at_zero_bits(create_transform(
+        size, is_training=True, scale=tuple(cfg.AUG.SCALE), ratio=tuple(cfg.AUG.RATIO), hflip=cfg.AUG.HFLIP,
+        color_jitter=cfg.AUG.COLOR_JITTER or None, auto_augment=cfg.AUG.AUTO_AUGMENT or None,
+        re_prob=cfg.AUG.REPROB, re_mode=cfg.AUG.REMODE, **common))
+
+
+def posterize(img: Image.Image, bits_to_keep: int, **kwargs: Any) -> Image.Image:
+    """timm's posterize, where keeping 0 bits gives black as older Pillow did: Pillow 13 raises a ValueError,
+    which FolderDataset would count as an unreadable file (about 3% of images under 'v0')."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+
+def _black_at_zero_bits(transform: transforms.Compose) -> transforms.Compose:
+    """Swap our posterize into every AutoAugment, RandAugment and AugMix op of `transform` that uses timm's."""
+    for step in transform.transforms:
+        ops = list(getattr(step, "ops", [])) + [op for sub in getattr(step, "policy", []) for op in sub]
+        for op in ops:
+            if getattr(op, "aug_fn", None) is auto_augment.posterize:
+                op.aug_fn = posterize
+    return transform
 
 
 def image_mode(cfg: Any) -> str:
