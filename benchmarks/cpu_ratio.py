@@ -6,9 +6,9 @@
 
 Cases (float32, synthetic data on the CPU, no channels_last, no compile):
     a: resnet18 at 64 px, batch 64        b: resnet10t at 32 px, batch 32
---mode inprocess (default): one process builds both, the runner exactly as tools/benchmark.py does (the
-Trainer, its loader and its train_batch) and the loop of benchmarks/raw_loop.py, warms both up, then times
-them in alternating blocks of --steps steps; neighbouring blocks see the same machine load, which matters on
+--mode inprocess (default): one process builds both, the runner exactly as tools/benchmark.py does (its
+loop and step with no hooks, its loader included) and the loop of benchmarks/raw_loop.py, warms both up, then
+times them in alternating blocks of --steps steps; neighbouring blocks see the same machine load, which matters on
 a shared machine. --mode process: each round runs tools/benchmark.py and benchmarks/raw_loop.py as separate
 processes. Either way both use the same thread count (torch's default unless --threads) and the same
 warm-up and timed steps, and the order flips every round (A B, B A, ...) so a drift in load favours neither.
@@ -67,17 +67,17 @@ def inprocess_runners(name: str, args: argparse.Namespace) -> dict:
     import raw_loop  # benchmarks/ is on sys.path: it is this script's own folder
     import torch
 
-    from runner.bench import TrainTimer
+    from runner.bench import train_steps
     from runner.config import load_config
-    from runner.engine import Trainer
+    from runner.engine import build_trainer
 
     model, size, batch = CASES[name]
     cfg, _ = load_config(["DEVICE", "cpu", "DATA.NAME", "synthetic", "MODEL.NAME", model,
                           "DATA.IMG_SIZE", str(size), "DATA.BATCH_SIZE", str(batch)])
-    timer = TrainTimer(Trainer(cfg, write_files=False))
+    trainer = build_trainer(cfg, hooks=[])
     raw = raw_loop.RawLoop(raw_loop.parse_args([*RAW_ARGS, "--model", model, "--img-size", str(size),
                                                  "--batch-size", str(batch)]), torch.device("cpu"))
-    timer.run(args.warmup)
+    train_steps(trainer, args.warmup)
     raw.train(args.warmup)
 
     def block(step) -> float:
@@ -85,7 +85,7 @@ def inprocess_runners(name: str, args: argparse.Namespace) -> dict:
         step(args.steps)
         return args.steps * batch / (time.perf_counter() - t0)
 
-    return {"runner": lambda: block(timer.run), "raw": lambda: block(raw.train)}
+    return {"runner": lambda: block(lambda n: train_steps(trainer, n)), "raw": lambda: block(raw.train)}
 
 
 def run_case(name: str, args: argparse.Namespace, env: dict[str, str]) -> dict:

@@ -33,18 +33,18 @@ FIRST_STEP_TAG = "STARTUP_PHASES "
 _HOOKS = [
     ("runner.config", "load_config", "load config"),
     ("runner.runstate", "finished_run", "check finished run"),
-    ("runner.engine.distributed", "setup", "distributed setup"),
-    ("runner.engine", "setup_logging", "logging setup"),
-    ("runner.runstate.RunLock", "acquire", "run lock"),
-    ("runner.engine", "build_data", "build data"),
-    ("runner.engine", "build_model", "build model"),
-    ("runner.engine", "prepare_model", "prepare model"),
-    ("runner.engine", "build_optimizer", "build optimizer"),
-    ("runner.engine", "build_scheduler", "build scheduler"),
-    ("runner.engine.Trainer", "_resume", "resume check"),
-    ("runner.engine.Trainer", "_write_run_files", "write run files (config, env.txt)"),
-    ("runner.engine", "MetricWriter", "metric writers (jsonl, TensorBoard)"),
-    ("runner.engine.Trainer", "prepare_loop", "prepare loop (profiler)"),
+    ("runner.engine.build.distributed", "setup", "distributed setup"),
+    ("runner.engine.build", "setup_logging", "logging setup"),
+    ("runner.lock.RunLock", "acquire", "run lock"),
+    ("runner.engine.build", "build_data", "build data"),
+    ("runner.engine.build", "build_model", "build model"),
+    ("runner.engine.build", "prepare_model", "prepare model"),
+    ("runner.engine.build", "build_optimizer", "build optimizer"),
+    ("runner.engine.build", "build_scheduler", "build scheduler"),
+    ("runner.engine.build", "resume", "resume check"),
+    ("runner.engine.build", "write_run_files", "write run files (config, env.txt)"),
+    ("runner.engine.build", "MetricWriter", "metric writers (jsonl, TensorBoard)"),
+    ("runner.engine.build", "build_profiler", "prepare loop (profiler)"),
 ]
 
 
@@ -75,7 +75,7 @@ def child(argv: list[str]) -> None:
         phases[f"import {mod}"] = time.time() - s
     import runpy
 
-    from runner.engine import Trainer
+    from runner.engine import TrainStep
 
     def timed(fn, label):
         def wrapper(*a, **k):
@@ -90,12 +90,12 @@ def child(argv: list[str]) -> None:
         owner = _resolve(where)
         setattr(owner, attr, timed(getattr(owner, attr), label))
 
-    def first_batch(self, x, y):
+    def first_batch(self, *batch):
         total = time.time() - t0
         print(FIRST_STEP_TAG + json.dumps({"first_step_s": total, "phases": phases}), flush=True)
         os._exit(0)  # the measurement ends here; nothing after the first step matters
 
-    Trainer.train_batch = first_batch
+    TrainStep.train_batch = first_batch
     sys.argv = [str(ROOT / "tools" / "train.py"), *argv]
     runpy.run_path(sys.argv[0], run_name="__main__")
     sys.exit("the training loop never started (was the run already done?)")

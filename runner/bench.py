@@ -1,4 +1,4 @@
-"""Timing the runner: training steps through the Trainer's own step, inference, memory, FLOPs and MFU.
+"""Timing the runner: training steps through the run's own loop and step, inference, memory, FLOPs and MFU.
 
 The timed regions synchronise the device only at their two ends. A training step is one optimizer step
 (ACCUM_STEPS micro-batches), its data fetch included: `data_wait_frac` is the time spent in the loader's
@@ -80,57 +80,46 @@ def peak_memory_mb(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_max_rss"  # ru_maxrss is in KiB
 
 
-def endless(loader):
-    """Batches from `loader` epoch after epoch, each epoch in its own order."""
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch, 0)
-        yield from loader
-        epoch += 1
+# torch.compile modes that capture CUDA graphs: a shape's graph is recorded on a later call than its first
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-class TrainTimer:
-    """Runs optimizer steps through the Trainer's own step, fetching batches epoch after epoch."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.batches = endless(trainer.data.train)
-        trainer.prepare_loop()
-
-    def run(self, steps: int) -> tuple[int, float]:
-        """`steps` optimizer steps; returns (images, seconds spent waiting in the loader's next())."""
-        images, wait, done = 0, 0.0, 0
-        while done < steps:
-            t0 = time.perf_counter()
-            x, y = next(self.batches)
-            wait += time.perf_counter() - t0
-            images += x.shape[0]
-            done += self.trainer.train_batch(x, y)
-        return images, wait
+def train_steps(trainer, steps: int) -> tuple[int, float]:
+    """`steps` optimizer steps through the run's own loop and step (with the trainer's hooks: none here), epoch
+    after epoch; returns (images, seconds spent waiting in the loader's next())."""
+    images, wait = trainer.images, trainer.data_wait
+    trainer.run_until(trainer.step + steps)
+    return trainer.images - images, trainer.data_wait - wait
 
 
-def time_training(trainer, steps: int, warmup: int) -> dict[str, float]:
+def time_training(trainer, device: torch.device, steps: int, warmup: int) -> dict[str, float]:
     """Warm up (the first step timed alone: it holds compilation), then time `steps` optimizer steps."""
-    dev = trainer.dist.device
-    timer = TrainTimer(trainer)
     t0 = time.perf_counter()
-    timer.run(1)
-    sync(dev)
+    train_steps(trainer, 1)
+    sync(device)
     first = time.perf_counter() - t0
-    timer.run(max(warmup - 1, 0))
-    sync(dev)
-    reset_peak_memory(dev)
+    train_steps(trainer, max(warmup - 1, 0))
+    sync(device)
+    reset_peak_memory(device)
     t0 = time.perf_counter()
-    images, wait = timer.run(steps)
-    sync(dev)
+    images, wait = train_steps(trainer, steps)
+    sync(device)
     elapsed = time.perf_counter() - t0
     return {"first_step_s": first, "images": images, "seconds": elapsed, "wait_s": wait}
 
 
+def inference_warmup_rounds(cfg) -> int:
+    """Untimed passes over each held batch: one (cudnn.benchmark's choice, a compiled shape), or three where
+    torch.compile records CUDA graphs (the first call compiles, a later one records, then they replay)."""
+    return 3 if cfg.MODEL.COMPILE and cfg.MODEL.COMPILE_MODE in CUDA_GRAPH_MODES else 1
+
+
 @torch.no_grad()
 def time_inference(model: torch.nn.Module, loader, device: torch.device, autocast, batches: int,
-                   warmup: int = 2) -> dict[str, float]:
-    """Forward passes in eval mode over (at most two) validation batches fetched beforehand."""
+                   warmup: int = 2, rounds: int = 1) -> dict[str, float]:
+    """Forward passes in eval mode over (at most two) validation batches fetched beforehand.
+
+    Untimed first: `rounds` passes over each held batch, then more batches up to `warmup` in all."""
     held = []
     loader.set_epoch(0, 0)
     for x, _ in loader:
@@ -150,8 +139,8 @@ def time_inference(model: torch.nn.Module, loader, device: torch.device, autocas
         return images
 
     t0 = time.perf_counter()
-    run(len(held))  # each distinct shape once: compiled models specialise (and recompile) per shape and mode
-    run(max(warmup - len(held), 0))
+    run(rounds * len(held))  # each distinct shape: compiled models specialise (and recompile) per shape and mode
+    run(max(warmup - rounds * len(held), 0))
     sync(device)
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -162,22 +151,37 @@ def time_inference(model: torch.nn.Module, loader, device: torch.device, autocas
     return {"first_s": first, "images": images, "seconds": elapsed}
 
 
-def benchmark(cfg, steps: int, warmup: int, infer_batches: int) -> dict[str, Any]:
-    """Build what tools/train.py builds for `cfg` (writing nothing), time it, return one result record."""
-    from runner.engine import Trainer
+def benchmark(cfg, steps: int, warmup: int, infer_batches: int, dist=None) -> dict[str, Any]:
+    """Build what tools/train.py builds for `cfg` with no hooks (nothing written), time it, return one record.
+
+    `dist`: a process group the caller set up once for several configs; by default one is set up and torn down.
+    """
+    from runner import distributed
+    from runner.engine import build_trainer
     from runner.flops import model_stats
 
-    trainer = Trainer(cfg, write_files=False)
+    own = dist is None
+    dist = distributed.setup(cfg) if own else dist
     try:
-        dev = trainer.dist.device
-        train = time_training(trainer, steps, warmup)
-        mem_mb, mem_kind = peak_memory_mb(dev)
-        infer = time_inference(trainer.model, trainer.data.val, dev, trainer.autocast, infer_batches)
-        stats = model_stats(trainer.bare, cfg.DATA.IMG_SIZE, cfg.MODEL.IN_CHANS, dev)
-        world = trainer.dist.world_size
+        trainer = build_trainer(cfg, hooks=[], dist=dist)
+        try:
+            dev, stepper = dist.device, trainer.stepper
+            train = time_training(trainer, dev, steps, warmup)
+            mem_mb, mem_kind = peak_memory_mb(dev)
+            infer = time_inference(stepper.model, trainer.data.val, dev, stepper.autocast, infer_batches,
+                                   rounds=inference_warmup_rounds(cfg))
+            stats = model_stats(stepper.bare, cfg.DATA.IMG_SIZE, cfg.MODEL.IN_CHANS, dev)
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
-    return summarize(cfg, dev, world, steps, warmup, train, infer, stats, mem_mb, mem_kind)
+        if own:
+            distributed.teardown()
+    return summarize(cfg, dev, dist.world_size, steps, warmup, train, infer, stats, mem_mb, mem_kind)
+
+
+def mfu(achieved_tflops: float, peak_tflops_per_device: float | None, world: int) -> float | None:
+    """Model FLOPs utilisation: the job's achieved TFLOP/s over the peak of all its devices (one per rank)."""
+    return achieved_tflops / (peak_tflops_per_device * world) if peak_tflops_per_device else None
 
 
 def summarize(cfg, dev: torch.device, world: int, steps: int, warmup: int, train: dict, infer: dict,
@@ -188,7 +192,7 @@ def summarize(cfg, dev: torch.device, world: int, steps: int, warmup: int, train
     peak = peak_tflops(name, precision) if dev.type == "cuda" else None
     train_ips = world * train["images"] / max(train["seconds"], 1e-9)
     infer_ips = world * infer["images"] / max(infer["seconds"], 1e-9)
-    achieved = train_ips * stats["train_gflops_per_img"] / 1e3  # TFLOP/s
+    achieved = train_ips * stats["train_gflops_per_img"] / 1e3  # TFLOP/s of the whole job (every rank)
     return {
         "model": cfg.MODEL.NAME, "img_size": cfg.DATA.IMG_SIZE, "batch_size": cfg.DATA.BATCH_SIZE,
         "accum_steps": cfg.TRAIN.ACCUM_STEPS, "world_size": world, "device": dev.type, "device_name": name,
@@ -207,7 +211,7 @@ def summarize(cfg, dev: torch.device, world: int, steps: int, warmup: int, train
         "train_gflops_per_img": stats["train_gflops_per_img"],
         "achieved_tflops": achieved,
         "peak_tflops": peak,
-        "mfu": achieved / peak if peak else None,
+        "mfu": mfu(achieved, peak, world),
     }
 
 

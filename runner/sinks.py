@@ -1,4 +1,8 @@
-"""Where scalars go: the console, OUTPUT_DIR/log.txt, metrics.jsonl and TensorBoard, fed from one place."""
+"""Where scalars and log lines go: the console, OUTPUT_DIR/log.txt, metrics.jsonl and TensorBoard.
+
+MetricWriter is the one place the engine's producers (training windows, evaluation, the final hparams) write
+through; none of them knows which sinks are open.
+"""
 from __future__ import annotations
 
 import functools
@@ -165,7 +169,9 @@ class MetricWriter:
 
         Written into the run's own event file: the tab then shows each metric's last value from the run's
         `val/*` curves. SummaryWriter.add_hparams is not used because it writes a one-point `hparam/*` chart
-        per metric (crowding the Scalars page) from a second writer. The best values (`best/*`, no curve of
+        per metric (crowding the Scalars page) into a sub-run of its own (a second event file, a second run
+        in TensorBoard). Instead the summaries it would write go through the writer's public `file_writer`
+        (a FileWriter, whose add_summary takes a ready Summary). The best values (`best/*`, no curve of
         their own) stay in results.json and the sweep table.
         """
         if self.tb is None:
@@ -174,10 +180,9 @@ class MetricWriter:
 
         hp = {k: _hparam_value(v) for k, v in hparams.items()} or {"config": "defaults"}
         tags = {k: v for k, v in metrics.items() if not k.startswith("best/") and not k.endswith(NOT_PLOTTED)}
-        writer = self.tb._get_file_writer()  # add_hparams does the same: no public call writes a ready Summary
         for summary in hparams_summaries(hp, tags):  # the experiment, the session start and its end
-            writer.add_summary(summary)
-        writer.flush()
+            self.tb.file_writer.add_summary(summary)
+        self.tb.flush()
 
     def close(self) -> None:
         """Flush and close every sink."""

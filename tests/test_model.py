@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from runner.config import get_default_config
-from runner.engine import Trainer
+from runner.engine import build_trainer
 from runner.errors import UserError
 from runner.model import build_model
 
@@ -29,28 +29,28 @@ FAMILIES = ["resnet10t", "efficientnet_b0", "mobilenetv3_small_050", "convnext_a
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_one_step_per_family(name):
-    trainer = Trainer(tiny_cfg(**{"MODEL.NAME": name}), write_files=False)
-    trainer.prepare_loop()
-    before = [p.detach().clone() for p in trainer.bare.parameters()]
+    trainer = build_trainer(tiny_cfg(**{"MODEL.NAME": name}), hooks=[])
+    stepper = trainer.stepper
+    before = [p.detach().clone() for p in stepper.bare.parameters()]
     trainer.data.train.set_epoch(0)
     x, y = next(iter(trainer.data.train))
     assert x.shape == (8, 3, 32, 32)
-    assert trainer.train_batch(x, y)
-    assert torch.isfinite(trainer.loss_sum)
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.bare.parameters(), strict=True))
+    assert stepper.train_batch(x, y, last=True)
+    assert torch.isfinite(stepper.loss_sum)
+    assert any(not torch.equal(a, b) for a, b in zip(before, stepper.bare.parameters(), strict=True))
     assert trainer.step == 1
 
 
 def test_bf16_autocast_on_cpu():
-    trainer = Trainer(tiny_cfg(**{"MODEL.NAME": "resnet10t", "AMP.ENABLED": True}), write_files=False)
-    trainer.prepare_loop()
+    trainer = build_trainer(tiny_cfg(**{"MODEL.NAME": "resnet10t", "AMP.ENABLED": True}), hooks=[])
+    stepper = trainer.stepper
     trainer.data.train.set_epoch(0)
     x, y = next(iter(trainer.data.train))
-    with trainer.autocast():
-        assert trainer.model(x).dtype == torch.bfloat16
-    assert not trainer.scaler.is_enabled()  # a GradScaler only for float16 on CUDA
-    assert trainer.train_batch(x, y) and torch.isfinite(trainer.loss_sum)
-    assert next(trainer.bare.parameters()).dtype == torch.float32
+    with stepper.autocast():
+        assert stepper.model(x).dtype == torch.bfloat16
+    assert not stepper.scaler.is_enabled()  # a GradScaler only for float16 on CUDA
+    assert stepper.train_batch(x, y, last=True) and torch.isfinite(stepper.loss_sum)
+    assert next(stepper.bare.parameters()).dtype == torch.float32
 
 
 def test_vit_gets_img_size_from_data():

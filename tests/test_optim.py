@@ -111,23 +111,22 @@ def test_every_scheduler_gives_finite_lrs_as_configured():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Gradient clipping through the Trainer's own step (runner.engine), as tools/benchmark.py drives it
+# Gradient clipping through the run's own step (runner.engine), as tools/benchmark.py drives it
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ENUMS["TRAIN.CLIP_MODE"])
 def test_every_clip_mode_through_the_training_step(tmp_path, mode):
     from runner.config import load_config
-    from runner.engine import Trainer
+    from runner.engine import build_trainer
 
     cfg, _ = load_config(["DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", "32", "DATA.BATCH_SIZE", "8",
                           "DATA.IMG_SIZE", "16", "MODEL.NAME", "resnet10t", "MODEL.NUM_CLASSES", "3",
                           "DATA.NUM_WORKERS", "0", "TRAIN.CLIP_GRAD", "0.01", "TRAIN.CLIP_MODE", mode,
                           "TRAIN.OPTIMIZER", "sgdp", "OUTPUT_DIR", str(tmp_path / "o")])
-    trainer = Trainer(cfg, write_files=False)
+    trainer = build_trainer(cfg, hooks=[])
     try:
-        before = [p.detach().clone() for p in trainer.bare.parameters()]
-        trainer.prepare_loop()
+        before = [p.detach().clone() for p in trainer.stepper.bare.parameters()]
         x, y = next(iter(trainer.data.train))
-        assert trainer.train_batch(x, y) and trainer.train_batch(x, y)  # each call was an optimizer step
-        assert_trained(before, trainer.bare)
+        assert trainer.stepper.train_batch(x, y, True) and trainer.stepper.train_batch(x, y, True)  # two steps
+        assert_trained(before, trainer.stepper.bare)
     finally:
         trainer.close()

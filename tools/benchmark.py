@@ -4,16 +4,16 @@
     python tools/benchmark.py --cfg configs/x.yaml [KEY VALUE ...] [--steps 20] [--warmup 5]
         [--infer-batches 20] [--models resnet18,resnet50] [--batch-sizes 32,64]
 
-Nothing is written (no output folder, no lock, no resume). The training steps go through the Trainer's own
-step, data fetch included; warm-up steps are not timed (the first one, which holds torch.compile's work, is
-reported alone as compile_s). Prints a table, then as its LAST line one JSON object; with several models or
+Nothing is written (no output folder, no lock, no resume). The training steps go through the run's own loop
+and step with no hooks, data fetch included; warm-up steps are not timed (the first one, which holds
+torch.compile's work, is reported alone as compile_s). Under torchrun the process group is set up once for
+every combination. Prints a table, then as its LAST line one JSON object; with several models or
 batch sizes, one JSON line per combination as each finishes, a summary table, and a last line holding the
 JSON list of all of them. The keys are described in docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 
 import json
-import os
 
 from runner.config import build_parser, handle_info_flags, load_config
 from runner.errors import UserError, cli
@@ -79,19 +79,22 @@ def main(argv: list[str] | None = None) -> int:
     models = _names(args.models, "--models") if args.models else [None]
     sizes = _sizes(args.batch_sizes) if args.batch_sizes else [None]
 
+    from runner import distributed
     from runner.bench import benchmark, format_table
 
     results = []
     several = len(models) * len(sizes) > 1
-    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun every rank times, rank 0 reports
-    for model in models:
-        for batch in sizes:
-            c = _variant(cfg, model, batch) if several or model or batch else cfg
-            result = benchmark(c, steps, warmup, infer)
-            results.append(result)
-            if several and main_rank:
-                print(json.dumps(result), flush=True)
-    if not main_rank:
+    dist = distributed.setup(cfg)  # once for every variant: a group per variant could read stale rendezvous keys
+    try:
+        for model in models:
+            for batch in sizes:
+                c = _variant(cfg, model, batch) if several or model or batch else cfg
+                results.append(benchmark(c, steps, warmup, infer, dist=dist))
+                if several and dist.is_main:  # under torchrun every rank times, rank 0 reports
+                    print(json.dumps(results[-1]), flush=True)
+    finally:
+        distributed.teardown()
+    if not dist.is_main:
         return 0
     print(format_table(results))
     print(json.dumps(results if several else results[0]), flush=True)

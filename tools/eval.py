@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from runner import distributed
     from runner.data import build_data
     from runner.engine import autocast_for, configure_backends, evaluate
-    from runner.logging import setup_logging
+    from runner.sinks import setup_logging
     from runner.model import build_model
 
     dist = distributed.setup(cfg)

@@ -7,14 +7,12 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from runner.bench import format_table, peak_tflops, precision_name
 from runner.config import load_config
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.utils import ROOT
 
 TINY = ["DEVICE", "cpu", "DATA.NAME", "synthetic", "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16",
         "DATA.BATCH_SIZE", "8", "DATA.SYNTHETIC_SIZE", "32", "--steps", "2", "--warmup", "1", "--infer-batches", "1"]
@@ -196,26 +194,26 @@ def _recorder(host_tensors=()):
     ["AMP.ENABLED", "True", "MODEL.CHANNELS_LAST", "True", "TRAIN.OPTIMIZER", "adamw"],
 ])
 def test_training_steps_never_read_the_device(tmp_path, extra):
-    """The fast path: fetching a batch and train_batch (optimizer step included) never wait on the device."""
+    """The fast path: the loop with no hooks (batch fetch, step, optimizer step) never waits on the device."""
     import torch
 
-    from runner.bench import TrainTimer
-    from runner.engine import Trainer
+    from runner.bench import train_steps
+    from runner.engine import build_trainer
 
     cfg, _ = load_config(["DEVICE", "cpu", "DATA.NAME", "synthetic", "MODEL.NAME", "resnet10t",
                           "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "4", "DATA.SYNTHETIC_SIZE", "16",
                           "OUTPUT_DIR", str(tmp_path / "out"), *extra])
-    trainer = Trainer(cfg, write_files=False)
+    trainer = build_trainer(cfg, hooks=[])
     try:
-        timer = TrainTimer(trainer)
-        timer.run(1)  # lazy state (optimizer buffers) is created outside the check
+        train_steps(trainer, 1)  # lazy state (optimizer buffers) is created outside the check
         # torch keeps Adam's step counts on the host unless the optimizer is fused or capturable (and on CUDA
         # the runner asks for fused): reading those is no device sync
-        steps = [s["step"] for s in trainer.optimizer.state.values() if torch.is_tensor(s.get("step"))]
-        rec = _recorder([t for t in steps if not (trainer.optimizer.defaults.get("fused")
-                                                 or trainer.optimizer.defaults.get("capturable"))])
+        optimizer = trainer.stepper.optimizer
+        steps = [s["step"] for s in optimizer.state.values() if torch.is_tensor(s.get("step"))]
+        rec = _recorder([t for t in steps if not (optimizer.defaults.get("fused")
+                                                 or optimizer.defaults.get("capturable"))])
         with rec:
-            timer.run(3)  # crosses an epoch boundary: 16 images, batch 4, accumulation 1 or 2
+            train_steps(trainer, 3)  # crosses an epoch boundary: 16 images, batch 4, accumulation 1 or 2
         assert trainer.step == 4
     finally:
         trainer.close()
@@ -231,3 +229,76 @@ def test_the_host_read_check_can_fail():
     with rec:
         torch.ones(3).sum().item()
     assert rec.ops & HOST_READS == {"aten::_local_scalar_dense"}
+
+
+def test_mfu_is_over_every_device_of_the_job(monkeypatch):
+    """8 ranks at one rank's speed: 8x the images and the FLOP/s, the same utilisation (not 8x)."""
+    import torch
+
+    from runner import bench
+
+    monkeypatch.setattr(bench, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    cfg, _ = load_config(["AMP.ENABLED", "True"])
+    stats = {"params": 1e6, "gflops_per_img": 1.0, "train_gflops_per_img": 3.0}
+    train = {"images": 1000, "seconds": 1.0, "wait_s": 0.0, "first_step_s": 1.0}
+    infer = {"images": 100, "seconds": 1.0, "first_s": 0.1}
+    one, eight = (bench.summarize(cfg, torch.device("cuda"), world, 10, 1, train, infer, stats, 1.0, "x")
+                  for world in (1, 8))
+    assert one["peak_tflops"] == eight["peak_tflops"] == 989.4  # one GPU's
+    assert one["mfu"] == pytest.approx(1000 * 3.0 / 1e3 / 989.4)
+    assert eight["achieved_tflops"] == pytest.approx(8 * one["achieved_tflops"])
+    assert eight["mfu"] == pytest.approx(one["mfu"])
+    assert bench.mfu(1.0, None, 8) is None
+
+
+def test_inference_warmup_covers_cuda_graph_recording():
+    """CUDA-graph compile modes run each held batch three times before the timed passes; others once."""
+    from contextlib import nullcontext
+
+    import torch
+
+    from runner.bench import inference_warmup_rounds, time_inference
+
+    for mode, rounds in [("default", 1), ("reduce-overhead", 3), ("max-autotune", 3),
+                         ("max-autotune-no-cudagraphs", 1)]:
+        cfg, _ = load_config(["MODEL.COMPILE", "True", "MODEL.COMPILE_MODE", mode])
+        assert inference_warmup_rounds(cfg) == rounds, mode
+    cfg, _ = load_config(["MODEL.COMPILE_MODE", "reduce-overhead"])  # not compiled: nothing is recorded
+    assert inference_warmup_rounds(cfg) == 1
+
+    seen = []
+
+    class Count(torch.nn.Module):
+        def forward(self, x):
+            seen.append(int(x[0, 0]))
+            return x
+
+    class Two:
+        def set_epoch(self, epoch, start_batch=0):
+            pass
+
+        def __iter__(self):
+            yield from ((torch.full((2, 1), float(i)), torch.zeros(2)) for i in range(3))
+
+    res = time_inference(Count(), Two(), torch.device("cpu"), nullcontext, batches=4, rounds=3)
+    assert seen[:6] == [0, 1, 0, 1, 0, 1] and len(seen) == 6 + 4  # two batches held, three untimed rounds
+    assert res["images"] == 4 * 2
+
+
+def test_several_combinations_share_one_process_group(monkeypatch, capsys, tmp_path):
+    """tools/benchmark.py sets the process group up once for every combination, and tears it down once."""
+    import runpy
+    import sys
+
+    from runner import distributed
+
+    calls = []
+    setup, teardown = distributed.setup, distributed.teardown
+    monkeypatch.setattr(distributed, "setup", lambda cfg: calls.append("setup") or setup(cfg))
+    monkeypatch.setattr(distributed, "teardown", lambda: calls.append("teardown") or teardown())
+    monkeypatch.setattr(sys, "argv", ["benchmark.py", *TINY, "--batch-sizes", "4,8", "OUTPUT_DIR", str(tmp_path)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "tools" / "benchmark.py"), run_name="__main__")
+    assert done.value.code == 0
+    assert calls == ["setup", "teardown"]
+    assert [r["batch_size"] for r in last_json(capsys.readouterr().out)] == [4, 8]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runner.config import load_config
-from runner.logging import run_hparams
+from runner.sinks import run_hparams
 from tests.utils import ROOT, TINY, env, read_jsonl, run_tool
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")

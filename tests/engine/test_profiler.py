@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import timm
 import torch
@@ -12,8 +11,8 @@ import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
 from runner.profiler import TRACE_SUFFIX, NullProfiler, build_profiler
+from tests.utils import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 MATMUL_OR_CONV = ("aten::convolution", "aten::conv2d", "aten::mm", "aten::addmm")
 
 

@@ -1,0 +1,22 @@
+"""The training engine: a small loop over the step, with a fixed, ordered list of hooks for the side duties.
+
+Modules, imports running one way (each imports only those above it):
+    step        TrainStep: micro-step, optimizer step, loss tracking on the device (no host sync)
+    hooks       Hook, StopRun; Profiler, MetricLogger (windows, sinks), Checkpointer
+    evaluation  evaluate (top-1/top-5 over a split), Evaluator (and the best result)
+    signals     StopFlag, Preemption (SIGTERM/SIGUSR1/Ctrl-C agreed by every rank; PROFILE.ONLY)
+    status      RunStatus (run.json, results.json, TensorBoard's hparams)
+    loop        Trainer: epochs, batches, resume position, the step and the hooks in order
+    runfolder   claiming OUTPUT_DIR, resuming, the run's files
+    build       build_trainer(cfg): the one place that reads the config to wire a run; train(cfg)
+
+A new side duty is a Hook subclass added to build.run_hooks at the place its order requires.
+"""
+from runner.engine.build import AlreadyDone, autocast_for, build_trainer, configure_backends, train
+from runner.engine.evaluation import evaluate
+from runner.engine.hooks import Hook, StopRun
+from runner.engine.loop import Trainer
+from runner.engine.step import TrainStep
+
+__all__ = ["AlreadyDone", "Hook", "StopRun", "TrainStep", "Trainer", "autocast_for", "build_trainer",
+           "configure_backends", "evaluate", "train"]

@@ -1,0 +1,235 @@
+"""The loop's side duties, each a Hook owning its state and its part of the checkpoint.
+
+The run's hooks are a fixed, ordered list (runner.engine.build.run_hooks), not a registry: Profiler,
+MetricLogger, Evaluator (runner.engine.evaluation), Checkpointer, Preemption (runner.engine.signals) and
+RunStatus (runner.engine.status).
+The order is the order of the duties after a step: the profiler marks the step's end, the metric window is
+written, a periodic checkpoint is saved, then a stop is honoured. At an epoch's end: the last window, the
+evaluation, the checkpoint, a stop.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from runner import checkpoint as ckpt
+from runner import distributed
+from runner.distributed import Dist
+from runner.profiler import NullProfiler, StepProfiler
+from runner.sinks import MetricWriter
+
+log = logging.getLogger("runner")
+
+
+class Hook:
+    """A side duty of the loop; every method does nothing unless overridden. `trainer` is the loop."""
+
+    def before_train(self, trainer) -> None:
+        """Before the first step of this process (not called when a resumed run has no step left)."""
+
+    def before_epoch(self, trainer) -> None:
+        """Before an epoch's first batch (the resume position's, for the epoch a run resumes in)."""
+
+    def after_step(self, trainer) -> None:
+        """After each optimizer step (not after accumulation micro-steps)."""
+
+    def after_epoch(self, trainer) -> None:
+        """After an epoch's last step (position already advanced), or after the run's last step mid-epoch."""
+
+    def after_train(self, trainer) -> None:
+        """After the last epoch: the run is complete."""
+
+    def on_exception(self, trainer, error: BaseException) -> None:
+        """The run stopped on `error` (a failure, a stop signal, or StopRun); it is raised again afterwards."""
+
+    def close(self, trainer) -> None:
+        """Release what before_train opened; called in reverse order, however the run ended."""
+
+    def state_dict(self) -> dict:
+        """This hook's entries of the checkpoint (top-level keys)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take this hook's entries back from a whole checkpoint."""
+
+
+class StopRun(Exception):
+    """A hook ends the run early and cleanly (exit 0): `status` goes to run.json, `message` to the log."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def epoch_of_last_step(trainer) -> int:
+    """The 1-based epoch of the latest step: the one in progress, or the one that just ended."""
+    return trainer.epoch + 1 if trainer.batch_in_epoch else trainer.epoch
+
+
+class Profiler(Hook):
+    """torch.profiler over a window of steps (PROFILE.*), or a stand-in that does nothing."""
+
+    def __init__(self, open_profiler: Callable[[], StepProfiler | NullProfiler]):
+        """`open_profiler` starts it: called right before the loop."""
+        self.open_profiler = open_profiler
+        self.prof: StepProfiler | NullProfiler = NullProfiler()
+
+    @property
+    def done(self) -> bool:
+        """True once the profiled window is recorded."""
+        return self.prof.done
+
+    def before_train(self, trainer) -> None:
+        """Start profiling."""
+        self.prof = self.open_profiler()
+
+    def after_step(self, trainer) -> None:
+        """Mark the step's end (first of the hooks: their work belongs to the next step's range)."""
+        self.prof.step()
+
+    def close(self, trainer) -> None:
+        """Stop; a window cut short by the end of the run is still saved."""
+        self.prof.close()
+
+
+class MetricLogger(Hook):
+    """Windows of LOG.PERIOD steps: loss, LR, img/s and data wait, written to every sink (rank 0)."""
+
+    def __init__(self, period: int, epochs: int, dist: Dist, open_writer: Callable[[int], MetricWriter],
+                 banner: str = ""):
+        """`open_writer(resume_step)` opens the sinks (console, metrics.jsonl, TensorBoard) at the loop's start."""
+        self.period, self.epochs, self.dist = period, epochs, dist
+        self.open_writer = open_writer
+        self.banner = banner
+        self.writer: MetricWriter | None = None
+        self.throughput = [0, 0.0]  # images and seconds over every logged window, across resumes
+        self.start_step = 0
+        self.window = (0.0, 0, 0, 0.0)  # perf_counter, step, images and data wait at the window's start
+
+    def before_train(self, trainer) -> None:
+        """Say what trains, open the sinks, start a window."""
+        if self.banner:
+            log.info(self.banner)
+        self.writer = self.open_writer(trainer.step)
+        self.start_step = trainer.step
+        self.reset(trainer)
+
+    def before_epoch(self, trainer) -> None:
+        """Each epoch starts a window (evaluation and checkpoints are not training time)."""
+        self.reset(trainer)
+
+    def after_step(self, trainer) -> None:
+        """Write the window every LOG.PERIOD steps."""
+        if trainer.step % self.period == 0:
+            self.log_window(trainer)
+
+    def after_epoch(self, trainer) -> None:
+        """At the run's end, write what the last window holds."""
+        if trainer.at_end and trainer.step > self.window[1]:
+            self.log_window(trainer)
+
+    def reset(self, trainer) -> None:
+        """Start a new window at the loop's current counters."""
+        self.window = (time.perf_counter(), trainer.step, trainer.images, trainer.data_wait)
+        trainer.stepper.reset_loss()
+
+    def log_window(self, trainer) -> None:
+        """Read the window's loss (the one host sync), reduce it across ranks, write the scalars."""
+        epoch = epoch_of_last_step(trainer)
+        trainer.stepper.check_finite(epoch)
+        scalars = self._scalars(trainer)
+        self.write(trainer.step, epoch, scalars)
+        eta = self.writer.eta(trainer.step, self.start_step, time.time() - trainer.t_start)
+        shown = (f"loss {scalars['train/loss']:.4f} lr {scalars['train/lr']:.3g} "
+                 f"img/s {scalars['train/img_per_s']:.0f}")
+        self.writer.console(f"epoch {epoch}/{self.epochs} step {trainer.step}/{trainer.total_steps} {shown} eta {eta}",
+                            step=trainer.step, postfix=shown)
+        self.reset(trainer)
+
+    def _scalars(self, trainer) -> dict[str, float]:
+        """The window's training scalars; adds it to the run's throughput."""
+        t0, step0, images0, wait0 = self.window
+        world = self.dist.world_size
+        loss = trainer.stepper.loss_sum.clone()
+        distributed.all_reduce_(loss)
+        mean_loss = loss.item() / max(trainer.step - step0, 1) / world
+        dt = time.perf_counter() - t0
+        images = trainer.images - images0
+        self.throughput[0] += images * world
+        self.throughput[1] += dt
+        scalars = {"train/loss": mean_loss, "train/lr": trainer.stepper.optimizer.param_groups[0]["lr"],
+                   "train/img_per_s": images * world / max(dt, 1e-9),
+                   "train/data_wait_frac": (trainer.data_wait - wait0) / max(dt, 1e-9)}
+        if self.dist.device.type == "cuda":
+            scalars["train/mem_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            scalars["train/mem_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20
+        return scalars
+
+    def write(self, step: int, epoch: int, scalars: dict[str, float]) -> None:
+        """Scalars of any producer (training, evaluation) into the open sinks."""
+        if self.writer is not None:
+            self.writer.write(step, epoch, scalars)
+
+    def flush(self) -> None:
+        """Put every scalar written so far into the files (before a checkpoint that covers them)."""
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self, trainer) -> None:
+        """Flush and close every sink."""
+        if self.writer is not None:
+            self.writer.close()
+
+    def state_dict(self) -> dict:
+        """The run's throughput so far."""
+        return {"throughput": list(self.throughput)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the run's throughput."""
+        self.throughput = list(state.get("throughput", [0, 0.0]))
+
+
+class Checkpointer(Hook):
+    """Atomic checkpoints every CHECKPOINT.PERIOD steps within an epoch, at each epoch's end and at the end."""
+
+    def __init__(self, out: Path, period: int, keep: int, dist: Dist, stored: dict | None = None,
+                 take_best: Callable[[], bool] | None = None, metrics: MetricLogger | None = None, group=None):
+        """`stored`: entries saved as they are (the config's text, the class names); `take_best()`: True when
+        the evaluation since the last save was the best so far (the file is then best.pth too); `group`: the
+        run's CPU control group, over which rank 0 gathers every rank's RNG state."""
+        self.out, self.period, self.keep, self.dist, self.group = Path(out), period, keep, dist, group
+        self.stored = dict(stored or {})
+        self.take_best, self.metrics = take_best, metrics
+
+    def after_step(self, trainer) -> None:
+        """Every CHECKPOINT.PERIOD steps, unless an epoch's end (saved anyway) comes with this step."""
+        if self.period and trainer.step % self.period == 0 and not trainer.at_end and not trainer.end_of_epoch:
+            self.save(trainer)
+
+    def after_epoch(self, trainer) -> None:
+        """Every epoch's end (after its evaluation), and the run's last step."""
+        self.save(trainer)
+
+    def save(self, trainer) -> None:
+        """Write the whole loop's state on rank 0, after making sure nothing non-finite gets in."""
+        trainer.stepper.check_finite(trainer.epoch + 1)
+        best = self.take_best() if self.take_best is not None else False
+        rng = ckpt.capture_rng(self.dist, self.group)  # a collective: every rank's own, on rank 0
+        if self.dist.is_main:
+            if self.metrics is not None:
+                self.metrics.flush()  # a kill after the save must not lose scalars of the steps it covers
+            state = {**trainer.state_dict(), "rng": rng}
+            ckpt.save_checkpoint(state, self.out, trainer.step, self.keep, best)
+
+    def state_dict(self) -> dict:
+        """The stored entries (the RNG states are added by save)."""
+        return dict(self.stored)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Every RNG this rank draws from, as the checkpoint left it."""
+        ckpt.restore_rng(state["rng"], self.dist)

@@ -1,0 +1,129 @@
+"""The loop: epochs and batches from a resume position, the step, and the hooks in their fixed order.
+
+Like detectron2's TrainerBase: the loop only steps; evaluation, checkpoints, metrics, profiling, stop requests
+and the run's status are hooks (runner.engine.hooks). It reads no config: runner.engine.build wires it, and a
+test can build one around any model and any loader with `set_epoch`.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+from runner.engine.hooks import Hook, StopRun
+from runner.engine.step import TrainStep
+
+
+class Trainer:
+    """Runs `stepper` over `loader` epoch after epoch, calling each hook around steps, epochs and the run."""
+
+    def __init__(self, stepper: TrainStep, loader, hooks: Iterable[Hook] = (), *, steps_per_epoch: int,
+                 total_steps: int, t_start: float | None = None):
+        """`steps_per_epoch` optimizer steps use that many x accumulation batches of each epoch."""
+        self.stepper = stepper
+        self.loader = loader
+        self.hooks = list(hooks)
+        self.steps_per_epoch = steps_per_epoch
+        self.batches_per_epoch = steps_per_epoch * stepper.accum
+        self.total_steps = total_steps
+        self.t_start = time.time() if t_start is None else t_start  # when this process started the run
+        self.epoch = 0  # epochs completed
+        self.batch_in_epoch = 0  # micro-batches of the current epoch consumed
+        self.images = 0  # images this process trained on (every micro-batch)
+        self.data_wait = 0.0  # seconds this process waited for batches
+        self.results: dict = {}  # what train() returns; the status hook fills it
+        self.on_close: list = []  # what close() releases (the run lock, the process group)
+        self._batches: Iterator | None = None
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken in the whole run."""
+        return self.stepper.step
+
+    @property
+    def at_end(self) -> bool:
+        """True once the run's last step is taken."""
+        return self.step >= self.total_steps
+
+    @property
+    def end_of_epoch(self) -> bool:
+        """True when the latest step was the epoch's last."""
+        return self.batch_in_epoch >= self.batches_per_epoch
+
+    def train(self) -> dict:
+        """The whole run from the resume position, with every hook; the results (or StopRun's status)."""
+        if self.at_end:  # resumed from the last checkpoint: only the results are left to write
+            self._call("after_train")
+            return self.results
+        try:
+            self._call("before_train")
+            self.run_until(self.total_steps)
+            if self.batch_in_epoch:  # stopped inside an epoch (TRAIN.MAX_STEPS): evaluate and save there
+                self._batches = None
+                self._call("after_epoch")
+            self._call("after_train")
+        except BaseException as e:
+            self._call("on_exception", e)
+            if isinstance(e, StopRun):
+                return {"status": e.status, "step": self.step}
+            raise
+        finally:
+            for hook in reversed(self.hooks):
+                hook.close(self)
+        return self.results
+
+    def run_until(self, last_step: int) -> None:
+        """Optimizer steps up to `last_step`, epoch after epoch; the epoch in progress stays open for more."""
+        self.stepper.model.train()
+        while self.step < last_step:
+            if self._batches is None:
+                if self.end_of_epoch:  # stopped after an epoch's last step, before its end: end it now
+                    self._end_epoch()
+                    continue
+                self._begin_epoch()
+            t0 = time.perf_counter()
+            x, y = next(self._batches)
+            self.data_wait += time.perf_counter() - t0
+            self.images += x.shape[0]
+            self.batch_in_epoch += 1
+            if self.stepper.train_batch(x, y, self.batch_in_epoch % self.stepper.accum == 0):
+                self._call("after_step")
+                if self.end_of_epoch:
+                    self._end_epoch()
+
+    def _begin_epoch(self) -> None:
+        """The loader at the current epoch and position; the epoch's hooks."""
+        self.loader.set_epoch(self.epoch, self.batch_in_epoch)
+        self._call("before_epoch")
+        self._batches = iter(self.loader)
+
+    def _end_epoch(self) -> None:
+        """Advance the position to the next epoch's start, then the epoch's hooks."""
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self._batches = None
+        self._call("after_epoch")
+
+    def _call(self, event: str, *args) -> None:
+        """Every hook's method for `event`, in order."""
+        for hook in self.hooks:
+            getattr(hook, event)(self, *args)
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly: the position, the step's state and every hook's part."""
+        state = {**self.stepper.state_dict(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                 "step": self.step}
+        for hook in self.hooks:
+            state.update(hook.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint: the step's state, the position, then every hook's part."""
+        self.stepper.load_state_dict(state)
+        self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+        for hook in self.hooks:
+            hook.load_state_dict(state)
+
+    def close(self) -> None:
+        """Release what the builder took for this run (the run lock, the process group), last taken first."""
+        while self.on_close:
+            self.on_close.pop()()

@@ -1,0 +1,106 @@
+"""The run folder: claiming OUTPUT_DIR for this run, resuming from its checkpoint, writing the run's files."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from runner import checkpoint as ckpt
+from runner import distributed, runstate
+from runner.distributed import Dist
+from runner.engine.loop import Trainer
+from runner.engine.status import RunStatus
+from runner.errors import UserError
+from runner.fsutil import atomic_write, remove_stale_temps
+from runner.lock import RunLock
+
+log = logging.getLogger("runner")
+
+
+class AlreadyDone(Exception):
+    """OUTPUT_DIR's finished run already covers this config: nothing trains, nothing is rewritten."""
+
+    def __init__(self, results: dict, why: str, main: bool):
+        super().__init__(why)
+        self.results, self.why, self.main = results, why, main
+
+
+# ---- claiming the folder, resuming, the run's files --------------------------------------------------------
+def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus):
+    """Rank 0 checks OUTPUT_DIR, locks it and marks it as this run's; every rank learns the verdict.
+
+    Returns (a finished run's (results, why) or None, the checkpoint rank 0 will resume from or None).
+    """
+    verdict: tuple = ("go", None)
+    failure, found = None, None
+    if dist.is_main:
+        try:
+            runstate.check_output_dir(cfg)  # again: the folder may have changed since tools/train.py
+            lock.acquire()
+            done = runstate.finished_run(cfg)  # under the lock: no other job is writing results now
+            remove_stale_temps(Path(cfg.OUTPUT_DIR))
+            if done is None:
+                found = find_checkpoint(cfg)  # a run-changing config is refused before any write
+                runstate.write_status(cfg.OUTPUT_DIR, runstate.RUNNING)
+                status.claimed = True
+            verdict = ("go", None) if done is None else ("done", done)
+        except UserError as e:
+            verdict = ("error", str(e))
+        except Exception as e:  # the other ranks must not wait for a verdict that never comes
+            verdict, failure = ("failed", f"{type(e).__name__}: {e}"), e
+    kind, payload = distributed.broadcast_object(verdict, control)
+    if failure is not None:
+        raise failure
+    if kind == "error":
+        raise UserError(payload)
+    if kind == "failed":
+        raise RuntimeError(f"rank 0 could not take OUTPUT_DIR {cfg.OUTPUT_DIR}: {payload}")
+    return payload, found
+
+
+def find_checkpoint(cfg) -> tuple[str, dict] | None:
+    """The checkpoint to resume (auto: the newest valid one; or the named one), refused if the run differs."""
+    how = cfg.CHECKPOINT.RESUME
+    if how == "none":
+        return None
+    found = ckpt.find_resumable(cfg.OUTPUT_DIR) if how == "auto" else (how, ckpt.load_explicit(how))
+    if found is not None:
+        runstate.refuse_changed(cfg, found[1]["config"], f"stored in checkpoint {found[0]}")
+    return found
+
+
+def resume(cfg, trainer: Trainer, found: tuple[str, dict] | None, status: RunStatus) -> None:
+    """Restore the checkpoint rank 0 found while claiming (the other ranks find it themselves)."""
+    dist_main = status.dist.is_main
+    found = found if dist_main else find_checkpoint(cfg)
+    if found is None:
+        return
+    path, state = found
+    trainer.load_state_dict(state)
+    results = runstate.read_json(Path(cfg.OUTPUT_DIR) / "results.json")
+    if trainer.at_end and results and results.get("status") == runstate.DONE:
+        status.write(runstate.DONE, trainer.step)  # claiming marked it running; results.json and config.yaml stay
+        raise AlreadyDone(results, f"it ran {trainer.step} steps, as many as this config asks for", dist_main)
+    log.info("resumed from %s: epoch %d, batch %d of the epoch, step %d", path, trainer.epoch + 1,
+             trainer.batch_in_epoch, trainer.step)
+
+
+def write_run_files(cfg, dist: Dist, class_names: list[str]) -> None:
+    """config.yaml, env.txt, class_map.json and the status file (rank 0), after resume checks passed."""
+    if not dist.is_main:
+        return
+    from runner.config import dump_config
+    from runner.envinfo import collect_env, format_env
+
+    out = Path(cfg.OUTPUT_DIR)
+    atomic_write(out / "config.yaml", dump_config(cfg))
+    dev = dist.device
+    # asking every GPU for free memory would create a CUDA context on each of them for the whole run
+    env_text = format_env(collect_env(free_mem_devices=[dev.index or 0] if dev.type == "cuda" else []))
+    atomic_write(out / "env.txt", env_text)
+    for line in env_text.splitlines()[:4]:
+        log.info("env: %s", line)
+    if cfg.DATA.NAME == "folder":
+        from runner.data import write_class_map
+
+        write_class_map(out, class_names)
+    runstate.write_status(str(out), runstate.RUNNING)

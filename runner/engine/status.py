@@ -1,0 +1,120 @@
+"""The run's state on disk: run.json at each change, and results.json with TensorBoard's hparams at the end."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from runner import runstate
+from runner.distributed import Dist
+from runner.engine.evaluation import NO_BEST, Evaluator
+from runner.engine.hooks import Hook, MetricLogger, StopRun
+from runner.errors import NonFiniteLoss, Preempted, UserError, one_line
+from runner.sinks import log_to_file
+
+log = logging.getLogger("runner")
+
+
+class RunStatus(Hook):
+    """run.json (rank 0, once the folder is this run's) and, when the run completes, results.json."""
+
+    def __init__(self, out: Path, dist: Dist, t_start: float, *, epochs: int = 0, max_steps: int = 0,
+                 hparams: dict | None = None, evaluator: Evaluator | None = None,
+                 metrics: MetricLogger | None = None):
+        """`hparams`: the keys for TensorBoard's HParams tab (runner.sinks.run_hparams)."""
+        self.out, self.dist, self.t_start = Path(out), dist, t_start
+        self.epochs, self.max_steps, self.hparams = epochs, max_steps, dict(hparams or {})
+        self.evaluator, self.metrics = evaluator, metrics
+        self.claimed = False  # True once rank 0 holds the lock and has marked the folder as this run's
+        self.wall_before = 0.0  # wall time of the earlier processes of this run
+
+    def write(self, status: str, step: int, **extra) -> None:
+        """Update run.json on rank 0, once the folder is this run's."""
+        if self.dist.is_main and self.claimed:
+            runstate.write_status(str(self.out), status, step=step, **extra)
+
+    def record_failure(self, e: BaseException, when: str, step: int) -> None:
+        """run.json and log.txt say why the run stopped (rank 0, once the folder is ours)."""
+        if isinstance(e, KeyboardInterrupt):
+            self.write(runstate.INTERRUPTED, step)
+            return
+        self.write(runstate.FAILED, step, error=f"{type(e).__name__}: {one_line(str(e))}"[:500])
+        if isinstance(e, UserError):
+            log_to_file(f"error {when}: {one_line(str(e))}")
+        else:
+            log.exception("rank %d failed %s", self.dist.rank, when)
+
+    def on_exception(self, trainer, error: BaseException) -> None:
+        """The status the run stopped with."""
+        step = trainer.step
+        if isinstance(error, StopRun):
+            self.write(error.status, step)
+            log.info("%s", error.message)
+        elif isinstance(error, NonFiniteLoss):
+            self.write(runstate.NONFINITE, step)
+        elif isinstance(error, Preempted):
+            self.write(runstate.PREEMPTED, step)
+        elif isinstance(error, KeyboardInterrupt):
+            self.write(runstate.INTERRUPTED, step)
+            log.warning("stopped at once after step %d; rerun the same command to continue from the last "
+                        "checkpoint", step)
+        else:
+            self.record_failure(error, f"at step {step}", step)
+
+    def after_train(self, trainer) -> None:
+        """results.json, TensorBoard's hparams, status done; the results are what the loop returns."""
+        results = self.results(trainer)
+        if self.dist.is_main:
+            metrics = {k: v for k, v in results.items() if k.startswith(("val", "best/val")) and v is not None}
+            writer = self.metrics.writer if self.metrics is not None else None
+            if writer is not None:
+                writer.hparams(self.hparams, metrics)
+            runstate.write_json_atomic(self.out / "results.json", results)
+            self.write(runstate.DONE, trainer.step)
+        best = self.evaluator.best if self.evaluator is not None else NO_BEST
+        log.info("done: val/top1 %s val/top5 %s (best %.2f at epoch %d), %d steps, %.1fs",
+                 _fmt(results["val/top1"]), _fmt(results["val/top5"]), best["val/top1"], best["epoch"],
+                 trainer.step, results["wall_s"])
+        trainer.results = results
+
+    def results(self, trainer) -> dict:
+        """What results.json holds: final and best val metrics, length, wall time, throughput, memory."""
+        last = self.evaluator.last_val if self.evaluator is not None else {}
+        best = self.evaluator.best if self.evaluator is not None else NO_BEST
+        imgs, secs = self.metrics.throughput if self.metrics is not None else (0, 0.0)
+        results = {
+            "status": runstate.DONE,
+            "val/top1": last.get("val/top1"), "val/top5": last.get("val/top5"),
+            "best/val/top1": best["val/top1"], "best/val/top5": best["val/top5"], "best/epoch": best["epoch"],
+            "epoch": trainer.epoch, "step": trainer.step, "epochs": self.epochs, "max_steps": self.max_steps,
+            "wall_s": round(self.wall_s(), 3),
+            "train/img_per_s": imgs / secs if secs else None,
+            "world_size": self.dist.world_size,
+        }
+        for k in ("val_ema/top1", "val_ema/top5"):
+            if k in last:
+                results[k] = last[k]
+        if self.dist.device.type == "cuda":
+            results["mem_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            results["mem_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20
+        return results
+
+    def wall_s(self) -> float:
+        """Wall time of the whole run: the earlier processes' and this one's."""
+        return self.wall_before + time.time() - self.t_start
+
+    def state_dict(self) -> dict:
+        """The run's wall time so far."""
+        return {"wall_s": self.wall_s()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the run's wall time."""
+        self.wall_before = state.get("wall_s", 0.0)
+
+
+def _fmt(v) -> str:
+    """A metric for the log: 2 decimals or '-'."""
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"

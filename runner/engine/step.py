@@ -1,0 +1,124 @@
+"""The training step: a micro-batch's forward and backward, the optimizer step, and loss tracking.
+
+Every choice (precision, accumulation, clipping, DDP's no_sync, EMA) is made once by whoever builds the
+step (runner.engine.build from the config, or a test); the step only computes. It never reads a value back
+to the host: losses are summed on the device and the first non-finite step is remembered there too, both
+read by the hooks every LOG.PERIOD steps and before each checkpoint.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+
+from runner import distributed
+from runner.errors import NonFiniteLoss
+from runner.optim import ConstantLR
+
+
+class TrainStep:
+    """The model, its optimizer, schedule and precision, and the device-side loss accumulators."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, bare: nn.Module | None = None,
+                 scheduler=None, accum: int = 1, criterion: Callable | None = None, mixup: Callable | None = None,
+                 autocast: Callable = nullcontext, scaler: torch.amp.GradScaler | None = None,
+                 clip: Callable | None = None, no_sync: Callable = nullcontext, ema=None) -> None:
+        """`model` is what runs (DDP, compiled); `bare` the module whose weights are saved (default `model`)."""
+        self.model = model
+        self.bare = model if bare is None else bare
+        self.optimizer = optimizer
+        self.scheduler = ConstantLR() if scheduler is None else scheduler
+        self.accum = accum
+        self.criterion = nn.CrossEntropyLoss() if criterion is None else criterion
+        self.mixup = mixup
+        self.autocast = autocast
+        self.device = next(self.bare.parameters()).device
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=False) if scaler is None else scaler
+        self.clip = clip
+        self.no_sync = no_sync  # DDP must not all-reduce gradients on accumulation micro-steps
+        self.ema = ema
+        self.step = 0  # optimizer steps taken: what the schedule and the EMA follow
+        self.step_loss: torch.Tensor | None = None
+        self.loss_sum = torch.zeros((), device=self.device)
+        self.dev_step = torch.zeros((), dtype=torch.long, device=self.device)
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
+
+    def train_batch(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> bool:
+        """One micro-batch, and the optimizer step when `last` completes an accumulation; True if it stepped."""
+        loss = self._micro_step(x, y, sync=last)
+        self.step_loss = loss if self.step_loss is None else self.step_loss + loss
+        if not last:
+            return False
+        self._optimizer_step()
+        self._track_loss(self.step_loss)
+        self.step_loss = None
+        return True
+
+    def _micro_step(self, x: torch.Tensor, y: torch.Tensor, sync: bool) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns the detached loss share."""
+        if self.mixup is not None:
+            x, y = self.mixup(x, y)
+        with nullcontext() if sync else self.no_sync():
+            with self.autocast():
+                loss = self.criterion(self.model(x), y) / self.accum
+            self.scaler.scale(loss).backward()
+        return loss.detach()
+
+    def _optimizer_step(self) -> None:
+        """Clip, step, update EMA and LR; no host sync."""
+        if self.clip is not None:
+            self.scaler.unscale_(self.optimizer)
+            self.clip()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.ema is not None:
+            self.ema.update(self.bare, step=self.step)
+        self.scheduler.step_update(self.step)
+
+    def _track_loss(self, step_loss: torch.Tensor) -> None:
+        """Accumulate the loss on the device and remember the first non-finite step, without a sync."""
+        self.dev_step += 1
+        bad = ~torch.isfinite(step_loss)
+        self.first_bad = torch.where(bad & (self.first_bad < 0), self.dev_step, self.first_bad)
+        self.loss_sum += torch.nan_to_num(step_loss, nan=0.0, posinf=0.0, neginf=0.0)
+
+    def reset_loss(self) -> None:
+        """Start a new loss sum (a new metric window)."""
+        self.loss_sum.zero_()
+
+    def check_finite(self, epoch: int) -> None:
+        """Stop (exit 3) if any rank saw a non-finite loss since the start; one host read (`epoch`: 1-based)."""
+        bad = torch.where(self.first_bad >= 0, 2**40 - self.first_bad, torch.zeros_like(self.first_bad))
+        distributed.all_reduce_(bad, "max")
+        b = int(bad.item())
+        if b:
+            raise NonFiniteLoss(f"the loss became non-finite at step {2**40 - b} (epoch {epoch}); "
+                                "nothing from that step on was saved; lower TRAIN.LR or enable TRAIN.CLIP_GRAD")
+
+    def state_dict(self) -> dict:
+        """The step's part of a checkpoint: weights, EMA, optimizer, schedule and scaler (not the step count)."""
+        return {
+            "model": self.bare.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put a checkpoint's weights, EMA, optimizer, scaler and step count back; the LR follows the step."""
+        self.bare.load_state_dict(state["model"])
+        if self.ema is not None and state.get("ema") is not None:
+            self.ema.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        # no scheduler.load_state_dict: the LR is a function of the config and the step (set below), and timm's
+        # saved state would bring back the old length, freezing a run extended with TRAIN.EPOCHS at its final LR
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = state["step"]
+        self.dev_step.fill_(self.step)
+        self.scheduler.step_update(self.step)

@@ -1,0 +1,235 @@
+"""The loop in-process: a toy model (nn.Linear) on random tensors, no config and no files.
+
+With no hooks, and with a hook that records every call: their order and counts, the resume position, each
+hook's part of the checkpoint, gradient accumulation, a run that ends mid-epoch, and how a stop ends the run.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from runner.engine import Hook, StopRun, Trainer, TrainStep
+from runner.errors import NonFiniteLoss
+
+
+class ToyLoader:
+    """Fixed random batches, in a seeded order per epoch, resumable at (epoch, batch); records its calls."""
+
+    def __init__(self, batches: int = 6, batch: int = 4):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(batches * batch, 4, generator=g)
+        self.y = torch.randint(0, 3, (batches * batch,), generator=g)
+        self.batch = batch
+        self.position = (0, 0)
+        self.calls: list[tuple] = []
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.calls.append(("set_epoch", epoch, start_batch))
+        self.position = (epoch, start_batch)
+
+    def __len__(self) -> int:
+        return len(self.x) // self.batch
+
+    def __iter__(self):
+        self.calls.append(("iter",))
+        epoch, start = self.position
+        order = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(epoch))
+        for i in range(start, len(self)):
+            idx = order[i * self.batch:(i + 1) * self.batch]
+            yield self.x[idx], self.y[idx]
+
+
+class Recorder(Hook):
+    """Every call, with the loop's position at that moment; counts steps as its part of the checkpoint."""
+
+    def __init__(self, log: list | None = None, name: str = "rec"):
+        self.log = [] if log is None else log
+        self.name = name
+        self.steps = 0
+
+    def _note(self, event: str, trainer) -> None:
+        self.log.append((self.name, event, trainer.epoch, trainer.batch_in_epoch, trainer.step))
+
+    def before_train(self, trainer):
+        self._note("before_train", trainer)
+
+    def before_epoch(self, trainer):
+        self._note("before_epoch", trainer)
+
+    def after_step(self, trainer):
+        self.steps += 1
+        self._note("after_step", trainer)
+
+    def after_epoch(self, trainer):
+        self._note("after_epoch", trainer)
+
+    def after_train(self, trainer):
+        self._note("after_train", trainer)
+
+    def on_exception(self, trainer, error):
+        self._note(f"on_exception {type(error).__name__}", trainer)
+
+    def close(self, trainer):
+        self._note("close", trainer)
+
+    def state_dict(self) -> dict:
+        return {f"{self.name}/steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state.get(f"{self.name}/steps", 0)
+
+
+def toy(hooks=(), *, accum: int = 1, epochs: int = 2, total: int | None = None, batches: int = 6) -> Trainer:
+    """A loop around nn.Linear(4, 3) with momentum SGD; `batches` per epoch, `accum` per optimizer step."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    stepper = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), accum=accum)
+    steps_per_epoch = batches // accum
+    return Trainer(stepper, ToyLoader(batches), hooks, steps_per_epoch=steps_per_epoch,
+                   total_steps=epochs * steps_per_epoch if total is None else total)
+
+
+def weights(trainer: Trainer) -> list[torch.Tensor]:
+    """A copy of the model's parameters."""
+    return [p.detach().clone() for p in trainer.stepper.model.parameters()]
+
+
+def test_no_hooks_trains_every_epoch():
+    trainer = toy()
+    before = weights(trainer)
+    assert trainer.train() == {}  # no status hook: no results
+    assert (trainer.epoch, trainer.batch_in_epoch, trainer.step) == (2, 0, 12)
+    assert trainer.images == 12 * 4 and trainer.data_wait >= 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, weights(trainer), strict=True))
+    assert torch.isfinite(trainer.stepper.loss_sum) and trainer.stepper.loss_sum > 0
+    assert trainer.loader.calls == [("set_epoch", 0, 0), ("iter",), ("set_epoch", 1, 0), ("iter",)]
+
+
+def test_hooks_are_called_in_order_at_each_point():
+    log = []
+    trainer = toy([Recorder(log, "a"), Recorder(log, "b")], epochs=2, batches=2)
+    trainer.train()
+    events = [(event, epoch, batch, step) for name, event, epoch, batch, step in log if name == "a"]
+    assert events == [
+        ("before_train", 0, 0, 0),
+        ("before_epoch", 0, 0, 0), ("after_step", 0, 1, 1), ("after_step", 0, 2, 2),
+        ("after_epoch", 1, 0, 2),  # the position has moved on to the next epoch: a checkpoint resumes there
+        ("before_epoch", 1, 0, 2), ("after_step", 1, 1, 3), ("after_step", 1, 2, 4), ("after_epoch", 2, 0, 4),
+        ("after_train", 2, 0, 4),
+        ("close", 2, 0, 4),
+    ]
+    # every point calls the hooks in their order; close goes the other way
+    names = [(name, event) for name, event, *_ in log]
+    assert names[:2] == [("a", "before_train"), ("b", "before_train")]
+    assert names[-2:] == [("b", "close"), ("a", "close")]
+    assert len(names) == 2 * len(events)
+
+
+def test_accumulation_calls_after_step_per_optimizer_step():
+    rec = Recorder()
+    trainer = toy([rec], accum=3, epochs=1, batches=7)  # 7 batches: 2 steps of 3, the 7th batch is not used
+    trainer.train()
+    assert rec.steps == 2 and trainer.step == 2 and trainer.images == 6 * 4
+    assert [e[3] for e in rec.log if e[1] == "after_step"] == [3, 6]  # batch_in_epoch at each optimizer step
+
+
+def test_a_run_that_ends_mid_epoch_ends_its_epoch_there():
+    rec = Recorder()
+    trainer = toy([rec], epochs=3, total=4, batches=3)  # TRAIN.MAX_STEPS 4 with 3 steps per epoch
+    trainer.train()
+    ends = [e[2:] for e in rec.log if e[1] == "after_epoch"]
+    assert ends == [(1, 0, 3), (1, 1, 4)]  # a whole epoch, then the partial one: its position stays
+    assert rec.log[-2][1] == "after_train"
+
+
+def test_resume_from_a_mid_epoch_state_equals_an_uninterrupted_run():
+    reference = toy([Recorder()], epochs=2, batches=5)
+    reference.train()
+
+    saved = {}
+
+    class SaveAt(Hook):
+        def after_step(self, trainer):
+            if trainer.step == 7:
+                saved.update(trainer.state_dict())
+                raise StopRun("stopped", "at step 7")
+
+    first = toy([Recorder(), SaveAt()], epochs=2, batches=5)
+    assert first.train() == {"status": "stopped", "step": 7}
+    assert (saved["epoch"], saved["batch_in_epoch"], saved["step"], saved["rec/steps"]) == (1, 2, 7, 7)
+
+    rec = Recorder()
+    resumed = toy([rec], epochs=2, batches=5)
+    resumed.load_state_dict(saved)
+    assert (resumed.epoch, resumed.batch_in_epoch, resumed.step, rec.steps) == (1, 2, 7, 7)
+    resumed.train()
+    assert resumed.loader.calls[0] == ("set_epoch", 1, 2)  # the loader continues at the next batch
+    assert rec.steps == 10 and resumed.step == 10
+    for a, b in zip(weights(reference), weights(resumed), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(resumed.stepper.optimizer.state_dict()["state"][0]["momentum_buffer"],
+                       reference.stepper.optimizer.state_dict()["state"][0]["momentum_buffer"])
+
+
+def test_a_resumed_run_with_no_step_left_only_finishes():
+    rec = Recorder()
+    trainer = toy([rec], epochs=1)
+    trainer.stepper.step = trainer.total_steps
+    trainer.train()
+    assert [e[1] for e in rec.log] == ["after_train"]
+
+
+def test_a_failure_reaches_every_hook_then_is_raised():
+    class Boom(Hook):
+        def after_step(self, trainer):
+            if trainer.step == 2:
+                raise RuntimeError("boom")
+
+    rec = Recorder()
+    trainer = toy([Boom(), rec])
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.train()
+    assert [e[1] for e in rec.log[-2:]] == ["on_exception RuntimeError", "close"]
+    assert rec.steps == 1  # the failing hook comes first: the recorder never saw step 2
+
+
+def test_benchmark_steps_continue_the_open_epoch():
+    trainer = toy(batches=4)
+    for n in (1, 2, 3):  # 6 steps over two calls and more: the epoch's iterator is kept between calls
+        trainer.run_until(trainer.step + n)
+    assert trainer.step == 6 and (trainer.epoch, trainer.batch_in_epoch) == (1, 2)
+    assert trainer.loader.calls == [("set_epoch", 0, 0), ("iter",), ("set_epoch", 1, 0), ("iter",)]
+
+
+def test_non_finite_loss_is_found_at_its_step_without_a_sync_in_the_step():
+    trainer = toy(epochs=1)
+    trainer.loader.x[8:] = float("nan")  # batch 3 on (in epoch 0's order, some later batch) is poisoned
+    trainer.run_until(6)
+    with pytest.raises(NonFiniteLoss, match=r"non-finite at step \d \(epoch 1\)"):
+        trainer.stepper.check_finite(1)
+    clean = toy(epochs=1)
+    clean.run_until(6)
+    clean.stepper.check_finite(1)
+
+
+def test_resumed_after_an_epochs_last_step_ends_that_epoch_first():
+    """A stop right after an epoch's last step saves the position (epoch, all its batches): resuming ends the
+    epoch (its hooks, evaluation and checkpoint in a run) before the next one begins."""
+    saved = {}
+
+    class SaveAt(Hook):
+        def after_step(self, trainer):
+            if trainer.step == 3:
+                saved.update(trainer.state_dict())
+                raise StopRun("stopped", "at an epoch's last step")
+
+    toy([SaveAt()], batches=3).train()
+    assert (saved["epoch"], saved["batch_in_epoch"]) == (0, 3)
+    rec = Recorder()
+    resumed = toy([rec], batches=3)
+    resumed.load_state_dict(saved)
+    resumed.train()
+    assert [e[1:] for e in rec.log[:3]] == [("before_train", 0, 3, 3), ("after_epoch", 1, 0, 3),
+                                           ("before_epoch", 1, 0, 3)]
+    assert resumed.step == 6 and resumed.loader.calls[0] == ("set_epoch", 1, 0)
