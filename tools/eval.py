@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     from runner import distributed
     from runner.data import build_data
     from runner.engine import autocast_for, configure_backends, evaluate
-    from runner.sinks import setup_logging
     from runner.model import build_model
+    from runner.sinks import setup_logging
 
     dist = distributed.setup(cfg)
     setup_logging(None, dist.rank)
