@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import torch
 
 from runner import checkpoint
 from runner.distributed import Dist
+from tests.rng_worker import draws, seed
 from tests.utils import ROOT, TINY, assert_user_error, env, torchrun
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
@@ -83,18 +83,11 @@ def test_full_disk_while_saving(tmp_path):
 
 
 # ---- RNG state: each rank its own ---------------------------------------------------------------------------
-def draws() -> list:
-    """One draw from each generator a run uses."""
-    return [torch.rand(3).tolist(), random.random(), float(np.random.rand())]
-
-
 def rank_states(n: int) -> tuple[list[dict], list[list]]:
     """n processes' RNG states as capture_rng gathers them (seeded 100 + rank), and what each draws next."""
     states, nexts = [], []
     for rank in range(n):
-        torch.manual_seed(100 + rank)
-        random.seed(100 + rank)
-        np.random.seed(100 + rank)
+        seed(100 + rank)
         states += checkpoint.capture_rng(Dist(0, 1, 0, CPU))
         nexts.append(draws())
     return states, nexts
