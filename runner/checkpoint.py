@@ -230,17 +230,3 @@ def _set_own_rng(state: dict, device: torch.device) -> None:
         cuda = cuda[index] if device.type == "cuda" and index < len(cuda) else None
     if cuda is not None and device.type == "cuda":
         torch.cuda.set_rng_state(cuda, device)
-
-
-def rng_state() -> dict:
-    """This process's RNG state in the older format (every visible GPU's): the engine's call until capture_rng."""
-    state = _own_rng(torch.device("cpu"))
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore rng_state() on this process and its current GPU: the engine's call until restore_rng."""
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    _set_own_rng(state, device)

@@ -121,8 +121,8 @@ def test_resume_on_another_number_of_processes_says_so(saved, world, caplog):
 
 def test_older_checkpoints_still_restore():
     torch.manual_seed(5)
-    old = checkpoint.rng_state()  # one dict from rank 0, with every visible GPU's state when there are GPUs
-    old["cuda"] = [torch.zeros(16, dtype=torch.uint8)] * 8  # saved with 8 visible GPUs
+    # the format before per-rank states: one dict from rank 0, with every visible GPU's state (here 8 GPUs)
+    old = {**checkpoint.capture_rng(Dist(0, 1, 0, CPU))[0], "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8}
     expected = draws()
     for rank in (0, 1):
         checkpoint.restore_rng(old, Dist(rank, 2, rank, CPU))
