@@ -14,7 +14,6 @@ from pathlib import Path
 from runner.errors import UserError
 from runner.fsutil import atomic_write
 from runner.lock import LOCK_NAME, is_holder_text, refuse_if_locked
-from runner.lock import RunLock as RunLock  # re-exported: runner/engine.py takes the lock as runstate.RunLock
 
 # OUTPUT_DIR/run.json "status" values; results.json exists only for "done".
 RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED = (
