@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from runner.config import build_parser, handle_info_flags, load_config
+from runner.config import build_parser, config_command
 from runner.errors import UserError, cli
 
 
@@ -69,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--infer-batches", type=int, default=20, help="timed inference batches (default 20)")
     parser.add_argument("--models", default="", help="comma-separated timm model names replacing MODEL.NAME")
     parser.add_argument("--batch-sizes", default="", help="comma-separated values replacing DATA.BATCH_SIZE")
-    cfg, info = load_config(argv, parser)
-    if handle_info_flags(cfg, info):
+    loaded = config_command(argv, parser)
+    if loaded is None:
         return 0
+    cfg, info = loaded
     args = info.args
     steps = _positive("--steps", args.steps, 1)
     warmup = _positive("--warmup", args.warmup, 1)

@@ -12,11 +12,10 @@ class folders that differ between train and val, fewer MODEL.NUM_CLASSES than cl
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-from runner.config import build_parser, handle_info_flags, load_config
+from runner.config import config_command
 from runner.errors import UserError, cli
 
 SPLITS = ("train", "val")  # as in runner.data.folder, which is imported only once the arguments are good
@@ -51,10 +50,10 @@ def class_count_problems(index, cfg) -> list[str]:
 @cli
 def main(argv: list[str] | None = None) -> int:
     """Scan DATA.ROOT with every file checked; report; exit 0 clean, 1 bad files, 2 structural problems."""
-    parser = build_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cfg, info = load_config(argv, parser)
-    if handle_info_flags(cfg, info):
+    loaded = config_command(argv, __doc__)
+    if loaded is None:
         return 0
+    cfg, _ = loaded
     if cfg.DATA.NAME != "folder" and not cfg.DATA.ROOT:
         raise UserError(f"tools/check_data.py checks image folders; this config reads DATA.NAME {cfg.DATA.NAME}, "
                         "which has no files to check (give DATA.NAME folder DATA.ROOT <folder> to check one)")

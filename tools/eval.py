@@ -7,20 +7,19 @@ Prints a line per metric and, last, one JSON object.
 """
 from __future__ import annotations
 
-import argparse
 import json
 
-from runner.config import build_parser, handle_info_flags, load_config
+from runner.config import config_command
 from runner.errors import UserError, cli
 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
     """Build the model and val loader exactly as training does, load the weights, evaluate."""
-    parser = build_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cfg, info = load_config(argv, parser)
-    if handle_info_flags(cfg, info):
+    loaded = config_command(argv, __doc__)
+    if loaded is None:
         return 0
+    cfg, _ = loaded
     if not cfg.MODEL.CHECKPOINT:
         raise UserError("tools/eval.py needs weights: add MODEL.CHECKPOINT path/to/checkpoint.pth")
     from runner import distributed

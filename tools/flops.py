@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from runner.config import build_parser, handle_info_flags, load_config
+from runner.config import build_parser, config_command
 from runner.errors import UserError, cli
 
 
@@ -19,9 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(description="Parameters, FLOPs and activation memory of the configured model.")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where to run the measuring passes (default: cpu; the counts are the same)")
-    cfg, info = load_config(argv, parser, check_paths=False)  # reads no data, weights or OUTPUT_DIR
-    if handle_info_flags(cfg, info):
+    loaded = config_command(argv, parser, check_paths=False)  # reads no data, weights or OUTPUT_DIR
+    if loaded is None:
         return 0
+    cfg, info = loaded
 
     import torch
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from runner.config import build_parser, flatten, get_default_config, handle_info_flags, load_config
+from runner.config import build_parser, config_command, flatten, get_default_config
 from runner.errors import UserError, cli
 
 log = logging.getLogger("runner")
@@ -89,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--topk", type=int, default=5, help="classes shown per image (default 5)")
     rest, images = split_images(sys.argv[1:] if argv is None else list(argv), parser)
-    cfg, info = load_config(rest, parser)
-    if handle_info_flags(cfg, info):
+    loaded = config_command(rest, parser)
+    if loaded is None:
         return 0
+    cfg, info = loaded
     if not cfg.MODEL.CHECKPOINT:
         raise UserError("tools/predict.py needs weights: add MODEL.CHECKPOINT path/to/checkpoint.pth")
     if info.args.topk < 1:

@@ -10,20 +10,19 @@ command), 130 Ctrl-C twice (stopped at once: rerun to continue from the last che
 """
 from __future__ import annotations
 
-import argparse
 import os
 
-from runner.config import build_parser, handle_info_flags, load_config
+from runner.config import config_command
 from runner.errors import cli
 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
     """Load the config; skip a finished run before importing anything heavy; train."""
-    parser = build_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cfg, info = load_config(argv, parser)
-    if handle_info_flags(cfg, info):
+    loaded = config_command(argv, __doc__)
+    if loaded is None:
         return 0
+    cfg, info = loaded
     from runner import runstate
 
     if os.environ.get("RANK", "0") == "0":  # other ranks learn rank 0's verdict (they may start after it locked)

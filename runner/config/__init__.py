@@ -10,7 +10,14 @@ from runner.config.io import (
     dump_config,
     flatten,
 )
-from runner.config.loader import ConfigInfo, add_config_arguments, build_parser, handle_info_flags, load_config
+from runner.config.loader import (
+    ConfigInfo,
+    add_config_arguments,
+    build_parser,
+    config_command,
+    handle_info_flags,
+    load_config,
+)
 from runner.config.schema import (
     ENUMS,
     OPTIMIZERS,
@@ -22,7 +29,7 @@ from runner.config.schema import (
 
 __all__ = [
     "ENUMS", "MISSING", "OPTIMIZERS", "RESUME_SAFE_KEYS", "UNSUPPORTED_OPTIMIZERS", "ConfigInfo",
-    "add_config_arguments", "build_parser", "changed_from_defaults", "coerce_value", "config_from_yaml_text",
-    "default_output_dir", "diff_configs", "dump_config", "flatten", "get_default_config", "handle_info_flags",
-    "load_config", "validate",
+    "add_config_arguments", "build_parser", "changed_from_defaults", "coerce_value", "config_command",
+    "config_from_yaml_text", "default_output_dir", "diff_configs", "dump_config", "flatten", "get_default_config",
+    "handle_info_flags", "load_config", "validate",
 ]

@@ -123,6 +123,18 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
     return cfg, info
 
 
+def config_command(argv: list[str] | None, parser: argparse.ArgumentParser | str,
+                   check_paths: bool = True) -> tuple[CN, ConfigInfo] | None:
+    """Every tool's opening: argv to a frozen config; None when --print-config/--explain already answered.
+
+    `parser` is the tool's own (with its extra flags) or, for a tool with none, its description text.
+    """
+    if isinstance(parser, str):
+        parser = build_parser(description=parser, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cfg, info = load_config(argv, parser, check_paths=check_paths)
+    return None if handle_info_flags(cfg, info) else (cfg, info)
+
+
 def handle_info_flags(cfg: CN, info: ConfigInfo) -> bool:
     """Print --print-config / --explain output if asked; True means the caller should exit 0 now."""
     shown = False
