@@ -288,8 +288,6 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
         fail("DATA.NAME", "DATA.NAME folder needs DATA.ROOT, the folder that holds the class folders")
     if check_files and d.NAME == "folder" and not os.path.isdir(d.ROOT):
         fail("DATA.ROOT", f"DATA.ROOT {d.ROOT!r} is not a folder")
-    if check_files and os.path.exists(cfg.OUTPUT_DIR) and not os.path.isdir(cfg.OUTPUT_DIR):
-        fail("OUTPUT_DIR", f"OUTPUT_DIR {cfg.OUTPUT_DIR} is a file, not a folder; choose another OUTPUT_DIR")
     for key in ("DATA.MEAN", "DATA.STD"):
         if len(get_value(cfg, key)) != cfg.MODEL.IN_CHANS:
             fail(key, f"{key} needs one value per input channel (MODEL.IN_CHANS {cfg.MODEL.IN_CHANS}), "
