@@ -38,6 +38,9 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device, world_size: int
         raise UserError(f"TRAIN.OPTIMIZER {opt} needs the opt_einsum package (pip install opt_einsum): without it "
                         "torch.einsum contracts Kron's preconditioners in an order that allocates gigabytes per "
                         "layer; or choose another optimizer")
+    if cfg.TRAIN.LAYER_DECAY > 0:
+        # timm groups the parameters by depth and stores each group's lr_scale; its schedulers apply it
+        kwargs["layer_decay"] = cfg.TRAIN.LAYER_DECAY
     optimizer = create_optimizer_v2(model, opt=opt, lr=scaled_lr(cfg, world_size),
                                     weight_decay=cfg.TRAIN.WEIGHT_DECAY, momentum=cfg.TRAIN.MOMENTUM, **kwargs)
     if device.type != "cuda":
@@ -74,6 +77,12 @@ def _accepts(name: str, arg: str) -> bool:
 class ConstantLR:
     """The 'none' schedule: the LR stays as set; same interface as timm's schedulers."""
 
+    def __init__(self, optimizer: torch.optim.Optimizer | None = None):
+        # timm's schedulers multiply each group's LR by its lr_scale (layer decay); without one, do it once here
+        for group in optimizer.param_groups if optimizer is not None else ():
+            if "lr_scale" in group:
+                group["lr"] = group["lr"] * group["lr_scale"]
+
     def step_update(self, num_updates: int) -> None:
         """Nothing to update."""
 
@@ -90,7 +99,7 @@ def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int)
     from timm.scheduler import create_scheduler_v2
 
     if cfg.TRAIN.SCHEDULER == "none":
-        return ConstantLR()
+        return ConstantLR(optimizer)
     sched, _ = create_scheduler_v2(
         optimizer, sched=cfg.TRAIN.SCHEDULER, num_epochs=cfg.TRAIN.EPOCHS, decay_epochs=cfg.TRAIN.DECAY_EPOCHS,
         decay_rate=cfg.TRAIN.DECAY_RATE, min_lr=cfg.TRAIN.MIN_LR, warmup_lr=cfg.TRAIN.WARMUP_LR,

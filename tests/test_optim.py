@@ -130,3 +130,48 @@ def test_every_clip_mode_through_the_training_step(tmp_path, mode):
         assert_trained(before, trainer.stepper.bare)
     finally:
         trainer.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layer-wise LR decay (TRAIN.LAYER_DECAY) through timm's parameter groups
+# ---------------------------------------------------------------------------------------------------------
+def tiny_vit() -> torch.nn.Module:
+    """A 2-block ViT at 32 px: 4 depths of parameters (embedding, block 0, block 1, head)."""
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", img_size=32, depth=2, num_classes=3)
+
+
+def test_layer_decay_groups_are_timms():
+    from timm.optim import param_groups_layer_decay
+
+    model = tiny_vit()
+    cfg = config(LAYER_DECAY=0.5, OPTIMIZER="adamw", LR=0.1)
+    groups = build_optimizer(cfg, model, CPU).param_groups
+    want = param_groups_layer_decay(model, weight_decay=cfg.TRAIN.WEIGHT_DECAY, layer_decay=0.5,
+                                    no_weight_decay_list=model.no_weight_decay())
+    got = [(g["lr_scale"], g["weight_decay"], [id(p) for p in g["params"]]) for g in groups]
+    assert got == [(g["lr_scale"], g["weight_decay"], [id(p) for p in g["params"]]) for g in want]
+    scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    assert scale[id(model.head.weight)] == 1.0 and scale[id(model.blocks[1].attn.qkv.weight)] == 0.5
+    assert scale[id(model.blocks[0].attn.qkv.weight)] == 0.25 and scale[id(model.patch_embed.proj.weight)] == 0.125
+
+
+def test_layer_decay_off_by_default_keeps_one_scale():
+    groups = build_optimizer(config(OPTIMIZER="adamw"), tiny_vit(), CPU).param_groups
+    assert all("lr_scale" not in g for g in groups) and {g["lr"] for g in groups} == {0.1}
+
+
+@pytest.mark.parametrize("sched", ENUMS["TRAIN.SCHEDULER"])
+def test_every_scheduler_keeps_the_layer_scale(sched):
+    model = tiny_vit()
+    cfg = config(LAYER_DECAY=0.5, OPTIMIZER="adamw", LR=0.1, SCHEDULER=sched, WARMUP_EPOCHS=1.0, EPOCHS=4,
+                 DECAY_EPOCHS=1.0)
+    optimizer = build_optimizer(cfg, model, CPU)
+    scheduler = build_scheduler(cfg, optimizer, steps_per_epoch=5)
+    for step in (1, 7, 12):
+        scheduler.step_update(step)
+        lr = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+        head = lr[id(model.head.weight)]
+        assert lr[id(model.blocks[1].mlp.fc1.weight)] == pytest.approx(head * 0.5)
+        assert lr[id(model.patch_embed.proj.weight)] == pytest.approx(head * 0.125)
+        assert head == pytest.approx(0.1) if sched == "none" else 0 < head <= 0.1

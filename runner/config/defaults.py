@@ -48,6 +48,9 @@ _C.MODEL.COMPILE = False
 _C.MODEL.COMPILE_MODE = "default"
 # Convert BatchNorm to SyncBatchNorm when training on several processes (CUDA only: torch has no CPU SyncBN)
 _C.MODEL.SYNC_BN = False
+# Recompute each block's activations in the backward pass instead of keeping them (timm's
+# set_grad_checkpointing): less memory for about a third more compute, same numbers (large ViT/Swin recipes)
+_C.MODEL.GRAD_CHECKPOINTING = False
 
 # ---------------------------------------------------------------------------------------------------------
 # Data
@@ -151,6 +154,14 @@ _C.TRAIN.CLIP_GRAD = 0.0
 _C.TRAIN.CLIP_MODE = "norm"
 # Label smoothing for the cross-entropy loss
 _C.TRAIN.LABEL_SMOOTHING = 0.0
+# Training loss: ce (cross-entropy) | bce (timm's BinaryCrossEntropy, one sigmoid per class: "ResNet strikes
+# back" A1-A3, DeiT III). With mixup/cutmix the mixed soft targets carry the label smoothing, as in timm's train.py
+_C.TRAIN.LOSS = "ce"
+# bce only: targets above this become 1, the rest 0 (after mixup/smoothing; RSB A1-A3 use 0.2); 0 = none
+_C.TRAIN.BCE_TARGET_THRESH = 0.0
+# Layer-wise LR decay: the LR of a layer n layers below the head is scaled by LAYER_DECAY**n, depth as timm's
+# group_matcher counts it (BEiT, MAE and DeiT III fine-tuning use 0.65-0.75); 0 = off
+_C.TRAIN.LAYER_DECAY = 0.0
 # Keep an exponential moving average of the weights (evaluated as well)
 _C.TRAIN.EMA = False
 # EMA decay per optimizer step
@@ -203,6 +214,12 @@ _C.DIST.BUCKET_CAP_MB = 25
 _C.EVAL = CN()
 # Evaluate every this many epochs (and always at the end)
 _C.EVAL.PERIOD = 1
+# Side of the evaluation images, in pixels; 0 = DATA.IMG_SIZE. Testing larger than training is the "FixRes"
+# effect (RSB A3 trains at 160 px and tests at 224); ViT-style models then resample their position embeddings
+_C.EVAL.IMG_SIZE = 0
+# Center crop fraction at evaluation (image-folder data; in-memory data is resized whole); 0 = AUG.CROP_PCT.
+# RSB A3 tests with 0.95
+_C.EVAL.CROP_PCT = 0.0
 
 # ---------------------------------------------------------------------------------------------------------
 # Checkpoints

@@ -102,6 +102,7 @@ ENUMS = {
     "AMP.DTYPE": ("bfloat16", "float16"),
     "DIST.BACKEND": ("auto", "nccl", "gloo"),
     "LOG.PROGRESS": ("auto", "bar", "plain"),
+    "TRAIN.LOSS": ("ce", "bce"),
 }
 
 
@@ -127,7 +128,10 @@ _RULES = {
     "TRAIN.DECAY_RATE": (lambda x: 0 < x <= 1, "in (0, 1]"), "TRAIN.ACCUM_STEPS": _GE1,
     "TRAIN.CLIP_GRAD": _GE0, "TRAIN.LABEL_SMOOTHING": _RATE,
     "TRAIN.EMA_DECAY": (lambda x: 0 < x < 1, "in (0, 1)"), "TRAIN.LR_REF_BATCH": _GE0,
-    "TRAIN.MAX_STEPS": _GE0,
+    "TRAIN.MAX_STEPS": _GE0, "TRAIN.BCE_TARGET_THRESH": _RATE,
+    # 1 keeps every LR (timm still groups by layer); above 1 the stem would learn faster than the head
+    "TRAIN.LAYER_DECAY": _PROB,
+    "EVAL.IMG_SIZE": _GE0, "EVAL.CROP_PCT": _PROB,
     # a week: a rank that waits longer is hung; far larger values (1e300) overflow timedelta and torch's clocks
     "DIST.TIMEOUT_S": (lambda x: 1 <= x <= 7 * 24 * 3600, "in [1, 604800] (at most 7 days)"),
     "DIST.BUCKET_CAP_MB": _GE1,
@@ -304,6 +308,9 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
     if t.WARMUP_EPOCHS >= t.EPOCHS and t.WARMUP_EPOCHS > 0:
         fail("TRAIN.WARMUP_EPOCHS", f"TRAIN.WARMUP_EPOCHS ({t.WARMUP_EPOCHS}) must be less than TRAIN.EPOCHS "
                                     f"({t.EPOCHS})")
+    if t.BCE_TARGET_THRESH > 0 and t.LOSS != "bce":
+        fail("TRAIN.BCE_TARGET_THRESH", f"TRAIN.BCE_TARGET_THRESH ({t.BCE_TARGET_THRESH}) needs TRAIN.LOSS bce "
+                                        f"(it thresholds binary targets), got TRAIN.LOSS {t.LOSS}")
     if cfg.DIST.BACKEND == "nccl" and cfg.DEVICE == "cpu":
         fail("DIST.BACKEND", "DIST.BACKEND nccl needs GPUs; use gloo (or auto) with DEVICE cpu")
     if cfg.PROFILE.ONLY and not cfg.PROFILE.ENABLED:
