@@ -42,11 +42,17 @@ def _create_sized(cfg, **extra) -> nn.Module:
 
     if not timm.is_model(cfg.MODEL.NAME):
         raise _unknown_model(cfg.MODEL.NAME)
-    try:
-        return _create(cfg, img_size=cfg.DATA.IMG_SIZE, **extra)
-    except TypeError as e:
-        if "img_size" not in str(e):
-            raise
+    tries = [dict(img_size=cfg.DATA.IMG_SIZE)]
+    if (cfg.EVAL.IMG_SIZE or cfg.DATA.IMG_SIZE) != cfg.DATA.IMG_SIZE:
+        # a model built for one img_size refuses another unless asked to resample its position embeddings
+        # per input (timm's ViT family); asked only then, so runs evaluating at the training size are unchanged
+        tries.insert(0, dict(img_size=cfg.DATA.IMG_SIZE, dynamic_img_size=True))
+    for sized in tries:
+        try:
+            return _create(cfg, **sized, **extra)
+        except TypeError as e:
+            if "img_size" not in str(e):
+                raise
     return _create(cfg, **extra)
 
 
@@ -64,7 +70,19 @@ def build_model(cfg, allow_new_head: bool = True) -> nn.Module:
     probe_input(model, cfg)
     if cfg.MODEL.CHECKPOINT:
         load_weights(model, cfg.MODEL.CHECKPOINT, allow_new_head=allow_new_head)
+    if cfg.MODEL.GRAD_CHECKPOINTING:
+        set_grad_checkpointing(model, cfg.MODEL.NAME)
     return model
+
+
+def set_grad_checkpointing(model: nn.Module, name: str) -> None:
+    """timm's activation recomputation in backward; a model without it is refused in one line."""
+    try:
+        model.set_grad_checkpointing(True)
+    except (AttributeError, AssertionError, NotImplementedError):  # timm asserts 'not supported' in ~20 families
+        raise UserError(f"MODEL.GRAD_CHECKPOINTING true: timm's {name} does not support gradient checkpointing; "
+                        "set it false, or choose a model that does (resnet, convnext, vit, swin, efficientnet, "
+                        "...)") from None
 
 
 def check_model_name(cfg) -> None:
@@ -98,13 +116,20 @@ def probe_input(model: nn.Module, cfg) -> None:
     at 32 px 21/8 ms, resnet50 at 224 px 0.34/0.15 s, vit_base_patch16_224 at 224 px 0.48/0.6 s, below the time
     timm takes to create those models. BatchNorm statistics are untouched (eval mode); train/eval mode is restored.
     """
-    size, name = cfg.DATA.IMG_SIZE, cfg.MODEL.NAME
+    probe_size(model, cfg, "DATA.IMG_SIZE", cfg.DATA.IMG_SIZE)
+    if cfg.EVAL.IMG_SIZE and cfg.EVAL.IMG_SIZE != cfg.DATA.IMG_SIZE:
+        probe_size(model, cfg, "EVAL.IMG_SIZE", cfg.EVAL.IMG_SIZE)
+
+
+def probe_size(model: nn.Module, cfg, key: str, size: int) -> None:
+    """Refuse `size` (the value of `key`) when the model drops part of such images or cannot take them."""
+    name = cfg.MODEL.NAME
     patch = _patch_size(model)
     if patch and (size % patch[0] or size % patch[1]):
         lower = max(size // patch[0] * patch[0], patch[0])
-        raise UserError(f"MODEL.NAME {name} cuts images into {patch[0]}x{patch[1]} patches, and DATA.IMG_SIZE "
+        raise UserError(f"MODEL.NAME {name} cuts images into {patch[0]}x{patch[1]} patches, and {key} "
                         f"{size} is not a multiple of {patch[0]} (the rest of each image would be dropped): "
-                        f"use DATA.IMG_SIZE {lower} or {lower + patch[0]}")
+                        f"use {key} {lower} or {lower + patch[0]}")
     was_training = model.training
     x = torch.zeros(1, cfg.MODEL.IN_CHANS, size, size)
     try:
@@ -113,8 +138,8 @@ def probe_input(model: nn.Module, cfg) -> None:
             model(x)
     except (RuntimeError, ValueError, AssertionError, IndexError) as e:
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise UserError(f"MODEL.NAME {name} cannot take DATA.IMG_SIZE {size} images ({reason}); "
-                        "use a larger DATA.IMG_SIZE (e.g. 32 or 224)") from None
+        raise UserError(f"MODEL.NAME {name} cannot take {key} {size} images ({reason}); "
+                        f"use a larger {key} (e.g. 32 or 224)") from None
     finally:
         model.train(was_training)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from runner.data.loaders import DeviceLoader, ResumableLoader, ToDevice, host_loader
 from runner.data.memory import in_memory_tensors, warn_ignored_augment
@@ -29,9 +30,21 @@ def eval_batch_size(cfg: Any) -> int:
     return cfg.DATA.EVAL_BATCH_SIZE or 2 * cfg.DATA.BATCH_SIZE
 
 
+def resize_for_eval(images: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """In-memory val images at EVAL.IMG_SIZE when that differs from DATA.IMG_SIZE (resized whole, no crop).
+
+    Bilinear, as digits are resized from 8 px; it commutes with the per-channel normalization already applied.
+    """
+    size = cfg.EVAL.IMG_SIZE or cfg.DATA.IMG_SIZE
+    if size == images.shape[-1]:
+        return images
+    return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False).contiguous()
+
+
 def _in_memory(cfg: Any, dist: Dist) -> DataBundle:
     """Loaders over tensors kept on the training device (or on the host when DATA.ON_DEVICE is off)."""
     (xt, yt, xv, yv), names = in_memory_tensors(cfg, dist.device)
+    xv = resize_for_eval(xv, cfg)
     dev = dist.device if cfg.DATA.ON_DEVICE else torch.device("cpu")
     xt, yt, xv, yv = (t.to(dev) for t in (xt, yt, xv, yv))
     common = dict(dist=dist, seed=cfg.SEED, channels_last=cfg.MODEL.CHANNELS_LAST)

@@ -99,14 +99,26 @@ def build_step(cfg, dist: Dist, steps_per_epoch: int) -> TrainStep:
 
 
 def build_loss(cfg):
-    """Mixup/CutMix with the soft-target loss when enabled; cross-entropy with label smoothing otherwise."""
+    """(Mixup/CutMix or None, the training loss) from AUG.MIXUP/CUTMIX and TRAIN.LOSS, as timm's train.py pairs them.
+
+    With mixup the mixed soft targets carry the label smoothing, so the loss adds none; without it cross-entropy
+    or BCE smooths the hard labels itself.
+    """
+    mixup = None
     if cfg.AUG.MIXUP > 0 or cfg.AUG.CUTMIX > 0:
         from timm.data import Mixup
-        from timm.loss import SoftTargetCrossEntropy
 
         mixup = Mixup(mixup_alpha=cfg.AUG.MIXUP, cutmix_alpha=cfg.AUG.CUTMIX, prob=cfg.AUG.MIXUP_PROB,
                       switch_prob=cfg.AUG.MIXUP_SWITCH_PROB, label_smoothing=cfg.TRAIN.LABEL_SMOOTHING,
                       num_classes=cfg.MODEL.NUM_CLASSES)
+    if cfg.TRAIN.LOSS == "bce":
+        from timm.loss import BinaryCrossEntropy
+
+        return mixup, BinaryCrossEntropy(smoothing=0.0 if mixup else cfg.TRAIN.LABEL_SMOOTHING,
+                                         target_threshold=cfg.TRAIN.BCE_TARGET_THRESH or None)
+    if mixup is not None:
+        from timm.loss import SoftTargetCrossEntropy
+
         return mixup, SoftTargetCrossEntropy()
     return None, nn.CrossEntropyLoss(label_smoothing=cfg.TRAIN.LABEL_SMOOTHING)
 

@@ -65,7 +65,9 @@ def timm_transform(cfg: Any, is_training: bool) -> transforms.Compose:
     common = dict(interpolation=cfg.AUG.INTERPOLATION, mean=tuple(cfg.DATA.MEAN), std=tuple(cfg.DATA.STD))
     if not is_training:
         common["interpolation"] = eval_interpolation(cfg)  # timm's eval resize has no 'random' (a KeyError)
-        return create_transform(size, is_training=False, crop_pct=cfg.AUG.CROP_PCT, **common)
+        side = cfg.EVAL.IMG_SIZE or cfg.DATA.IMG_SIZE
+        return create_transform((cfg.MODEL.IN_CHANS, side, side), is_training=False,
+                                crop_pct=cfg.EVAL.CROP_PCT or cfg.AUG.CROP_PCT, **common)
     if cfg.AUG.AUTO_AUGMENT:
         check_auto_augment(cfg.AUG.AUTO_AUGMENT)
     return _black_at_zero_bits(create_transform(
