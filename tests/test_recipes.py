@@ -63,8 +63,9 @@ def test_grad_checkpointing_unsupported_is_one_line(tmp_path):
 # EVAL.IMG_SIZE and EVAL.CROP_PCT
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["resnet10t", "vit_tiny_patch16_224"])
-def test_eval_at_another_size(name):
+def test_eval_at_another_size(name, capsys):
     _, trainer = two_steps(tiny_cfg(**{"MODEL.NAME": name, "EVAL.IMG_SIZE": 48}))
+    assert "evaluating at 48 px (EVAL.IMG_SIZE), training at 32 px" in capsys.readouterr().out  # the run's log
     x, _ = next(iter(trainer.data.train))
     assert x.shape[-2:] == (32, 32)
     trainer.data.val.set_epoch(0)

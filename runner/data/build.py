@@ -64,11 +64,21 @@ def _folder(cfg: Any, dist: Dist) -> DataBundle:
                       host_loader(val_ds, cfg, dist, batch_size=eval_batch_size(cfg), train=False), list(names))
 
 
+def _log_eval_size(cfg: Any) -> None:
+    """Say when evaluation runs at another size or crop than training, and when a crop has no effect."""
+    if cfg.EVAL.IMG_SIZE and cfg.EVAL.IMG_SIZE != cfg.DATA.IMG_SIZE:
+        log.info("evaluating at %d px (EVAL.IMG_SIZE), training at %d px", cfg.EVAL.IMG_SIZE, cfg.DATA.IMG_SIZE)
+    if cfg.EVAL.CROP_PCT and cfg.DATA.NAME != "folder":
+        log.warning("DATA.NAME %s ignores EVAL.CROP_PCT: in-memory images are resized whole, never cropped",
+                    cfg.DATA.NAME)
+
+
 def build_data(cfg: Any, dist: Dist) -> DataBundle:
     """The train and val loaders for cfg.DATA.NAME."""
     t0 = time.perf_counter()
     if cfg.DATA.NAME != "folder":
         warn_ignored_augment(cfg)
     bundle = _folder(cfg, dist) if cfg.DATA.NAME == "folder" else _in_memory(cfg, dist)
+    _log_eval_size(cfg)
     log.debug("data ready in %.2fs", time.perf_counter() - t0)
     return bundle

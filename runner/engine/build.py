@@ -102,7 +102,8 @@ def build_loss(cfg):
     """(Mixup/CutMix or None, the training loss) from AUG.MIXUP/CUTMIX and TRAIN.LOSS, as timm's train.py pairs them.
 
     With mixup the mixed soft targets carry the label smoothing, so the loss adds none; without it cross-entropy
-    or BCE smooths the hard labels itself.
+    or BCE smooths the hard labels itself. One difference: timm's train.py falls back to cross-entropy for
+    --bce-loss without mixup and smoothing; TRAIN.LOSS bce always means BCE.
     """
     mixup = None
     if cfg.AUG.MIXUP > 0 or cfg.AUG.CUTMIX > 0:
