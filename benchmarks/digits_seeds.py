@@ -2,7 +2,9 @@
 """Train the README's first run for SEED 0, 1 and 2 and print a markdown table of what each ended at.
 
     python benchmarks/digits_seeds.py [--cfg configs/digits/resnet18.yaml] [--seeds 0 1 2] [--floor 99.0]
-                                      [KEY VALUE ...]
+                                      [--] [KEY VALUE ...]
+
+(`--` ends the seed list: `--seeds 0 -- MODEL.CHANNELS_LAST false`.)
 
 Each seed is the whole command `python tools/train.py --cfg <cfg> SEED <s> OUTPUT_DIR <fresh temp folder>`,
 timed from launch to exit (imports included), one after the other. The table gives the final and best
