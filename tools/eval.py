@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     configure_backends(cfg, dist.device)
     data = build_data(cfg, dist)
     model = build_model(cfg, allow_new_head=False).to(dist.device)  # a new head would score noise
+    if cfg.MODEL.CHANNELS_LAST:  # the loader hands channels_last batches, as in training
+        import torch
+
+        model = model.to(memory_format=torch.channels_last)
     res = evaluate(model, data.val, dist.device, autocast_for(cfg, dist.device))
     res = {"val/top1": res["top1"], "val/top5": res["top5"], "val/loss": res["loss"], "val/count": res["count"],
            "checkpoint": cfg.MODEL.CHECKPOINT, "world_size": dist.world_size}
