@@ -53,5 +53,6 @@ def test_digits_config_trains_a_folder_export_of_the_digits(tmp_path: Path):
                                  "DATA.NUM_WORKERS", "0", "OUTPUT_DIR", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     top1 = json.loads((out / "results.json").read_text())["val/top1"]
-    # measured on a 2-core CPU: 90.25 with the config, 38.16 with the ImageNet defaults above
-    assert top1 >= 80.0, f"val/top1 {top1:.2f} after 2 epochs on the folder export (the config's folder augmentations)"
+    # measured 2026-11-23 on a 2-core AMD EPYC: 94.72 with the config (test_resnet, AdamW), 70.56 with the
+    # ImageNet defaults above; the whole config (16 epochs, 32 px) on the export ends at 99.17
+    assert top1 >= 90.0, f"val/top1 {top1:.2f} after 2 epochs on the folder export (the config's folder augmentations)"

@@ -10,6 +10,7 @@ command), 130 Ctrl-C twice (stopped at once: rerun to continue from the last che
 """
 from __future__ import annotations
 
+import gc
 import os
 
 from runner.config import config_command
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     from runner.engine import train
 
     train(cfg, hparam_keys=[key for key, _ in info.overrides])
+    # Everything is written; without this the interpreter's last garbage collection walks every torch and timm
+    # object at exit (1.3-1.4 s of a 15 s digits run on a 2-core CPU; 0.3-0.4 s with it).
+    gc.freeze()
     return 0
 
 
