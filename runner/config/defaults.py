@@ -86,6 +86,10 @@ _C.DATA.STD = (0.229, 0.224, 0.225)
 _C.DATA.BAD_FILE_BUDGET = 0.01
 # Check the dataset before training (layout, classes, readable files)
 _C.DATA.CHECK = True
+# Repeated augmentation (DeiT, "ResNet strikes back"): each sample appears this many times per epoch, its copies
+# in the same global batch under different random augmentations, so an epoch holds that many passes over the
+# data (DeiT's 300 epochs at 3 cost what TRAIN.EPOCHS 100 costs here). 1 = off
+_C.DATA.REPEATED_AUG = 1
 
 # ---------------------------------------------------------------------------------------------------------
 # Augmentation (training only; passed to timm's transform factory)
@@ -172,6 +176,24 @@ _C.TRAIN.LR_REF_BATCH = 0
 _C.TRAIN.FUSED = True
 # Stop after this many optimizer steps in total; 0 = no cap
 _C.TRAIN.MAX_STEPS = 0
+# Wall-clock budget of this job, in seconds or H:MM:SS ("" = none): the run saves and exits 75 early enough to
+# finish before it (predicted from the measured step, evaluation and save times); the same command continues.
+# For a queue with a hard limit and no warning signal (SLURM's --signal=USR1@120 is handled as a preemption)
+_C.TRAIN.TIME_LIMIT = ""
+
+# ---------------------------------------------------------------------------------------------------------
+# Knowledge distillation (DeiT-style soft distillation from a frozen teacher)
+# ---------------------------------------------------------------------------------------------------------
+_C.DISTILL = CN()
+# Teacher: a timm model name ("" = no distillation). It runs in eval mode, without gradients, under the same
+# autocast as the student, and is never saved in the run's checkpoints
+_C.DISTILL.TEACHER = ""
+# The teacher's weights: a local file (a runner checkpoint or a state_dict; never a download). "~" expanded
+_C.DISTILL.CHECKPOINT = ""
+# Weight of the distillation term: loss = (1 - ALPHA) * training loss + ALPHA * KL(student || teacher) * T^2
+_C.DISTILL.ALPHA = 0.5
+# Softmax temperature of both models' logits in the distillation term
+_C.DISTILL.TEMPERATURE = 1.0
 
 # ---------------------------------------------------------------------------------------------------------
 # Mixed precision
@@ -207,6 +229,10 @@ _C.DIST.FIND_UNUSED_PARAMETERS = False
 _C.DIST.BROADCAST_BUFFERS = True
 # DDP: gradient bucket size in MiB
 _C.DIST.BUCKET_CAP_MB = 25
+# Hang watchdog: when no optimizer step completes for this many seconds, every live rank writes its threads'
+# stacks to OUTPUT_DIR/hang/rank<r>.txt, run.json says hung, and the job exits 76. -1 = auto (the larger of
+# 300 s and 20 x the measured step time); 0 = off
+_C.DIST.HANG_TIMEOUT_S = -1.0
 
 # ---------------------------------------------------------------------------------------------------------
 # Evaluation

@@ -72,7 +72,7 @@ def inline_yaml(value: Any) -> str:
 RESUME_SAFE_KEYS = frozenset(
     ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
      "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
-     "DIST.TIMEOUT_S", "OUTPUT_DIR"]
+     "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "TRAIN.TIME_LIMIT", "OUTPUT_DIR"]
     + [f"LOG.{k}" for k in _C.LOG] + [f"PROFILE.{k}" for k in _C.PROFILE]
 )
 
@@ -131,7 +131,9 @@ _RULES = {
     "TRAIN.MAX_STEPS": _GE0, "TRAIN.BCE_TARGET_THRESH": _RATE,
     # 1 keeps every LR (timm still groups by layer); above 1 the stem would learn faster than the head
     "TRAIN.LAYER_DECAY": _PROB,
-    "EVAL.IMG_SIZE": _GE0, "EVAL.CROP_PCT": _PROB,
+    "EVAL.IMG_SIZE": _GE0, "EVAL.CROP_PCT": _PROB, "DATA.REPEATED_AUG": _GE1,
+    "DISTILL.ALPHA": _PROB, "DISTILL.TEMPERATURE": _GT0,
+    "DIST.HANG_TIMEOUT_S": (lambda x: x >= 0 or x == -1, ">= 0 (0 = off) or -1 (auto)"),
     # a week: a rank that waits longer is hung; far larger values (1e300) overflow timedelta and torch's clocks
     "DIST.TIMEOUT_S": (lambda x: 1 <= x <= 7 * 24 * 3600, "in [1, 604800] (at most 7 days)"),
     "DIST.BUCKET_CAP_MB": _GE1,
@@ -148,7 +150,7 @@ UNSUPPORTED_OPTIMIZERS = {
 
 
 # Keys holding paths: "~" is expanded once, in load_config, so validation, config.yaml and every use agree
-PATH_KEYS = ("OUTPUT_DIR", "DATA.ROOT", "MODEL.CHECKPOINT", "CHECKPOINT.RESUME")
+PATH_KEYS = ("OUTPUT_DIR", "DATA.ROOT", "MODEL.CHECKPOINT", "CHECKPOINT.RESUME", "DISTILL.CHECKPOINT")
 
 
 def expand_paths(cfg: CN) -> None:
@@ -323,3 +325,40 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
                                   "of a checkpoint)")
     if check_files and cfg.MODEL.CHECKPOINT and not os.path.isfile(cfg.MODEL.CHECKPOINT):
         fail("MODEL.CHECKPOINT", f"MODEL.CHECKPOINT {cfg.MODEL.CHECKPOINT!r} is not a file")
+    _validate_distill(cfg, fail, check_files)
+    if parse_time_limit(cfg.TRAIN.TIME_LIMIT) is None:
+        fail("TRAIN.TIME_LIMIT", f"TRAIN.TIME_LIMIT {cfg.TRAIN.TIME_LIMIT!r} is not a duration: write seconds "
+                                 "(3600) or H:MM:SS (1:00:00), or '' for none")
+
+
+def _validate_distill(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:
+    """DISTILL.*: a teacher needs local weights; weights need a teacher."""
+    k = cfg.DISTILL
+    if k.TEACHER and not k.CHECKPOINT:
+        fail("DISTILL.CHECKPOINT", f"DISTILL.TEACHER {k.TEACHER} needs DISTILL.CHECKPOINT, a local file with the "
+                                   "teacher's weights (a random teacher would teach nothing; nothing is downloaded)")
+    if k.CHECKPOINT and not k.TEACHER:
+        fail("DISTILL.TEACHER", "DISTILL.CHECKPOINT is set but DISTILL.TEACHER is empty: name the teacher's timm "
+                                "model (e.g. DISTILL.TEACHER resnet18)")
+    if check_files and k.CHECKPOINT and not os.path.isfile(k.CHECKPOINT):
+        fail("DISTILL.CHECKPOINT", f"DISTILL.CHECKPOINT {k.CHECKPOINT!r} is not a file")
+
+
+def parse_time_limit(text: str) -> float | None:
+    """TRAIN.TIME_LIMIT in seconds (0.0 for "" or 0: none); None when it is not seconds or [D-][H:]MM:SS."""
+    text = str(text).strip()
+    if not text:
+        return 0.0
+    days = 0
+    if "-" in text and ":" in text:  # SLURM's D-HH:MM:SS
+        head, text = text.split("-", 1)
+        days = int(head) if head.isdigit() else -1
+    parts = text.split(":")
+    try:
+        nums = [float(p) for p in parts]
+    except ValueError:
+        return None
+    if days < 0 or len(nums) > 3 or any(n < 0 or n != n for n in nums) or (len(nums) > 1 and nums[-1] >= 60):
+        return None
+    seconds = days * 86400 + sum(n * 60**i for i, n in enumerate(reversed(nums)))
+    return seconds
