@@ -2,11 +2,13 @@
 their one-line refusals. (Layer decay: tests/test_optim.py.)"""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from timm.loss import BinaryCrossEntropy, SoftTargetCrossEntropy
 
-from runner.config import get_default_config, validate
+from runner.config import get_default_config, load_config, validate
 from runner.data.folder import build_folder_datasets
 from runner.engine import build_trainer
 from runner.engine.build import build_loss
@@ -131,3 +133,46 @@ def test_bce_trains_two_steps(extra):
 ])
 def test_bad_values_are_one_line(tmp_path, args, fragments):
     assert_user_error(run_tool(TRAIN, args + ["OUTPUT_DIR", str(tmp_path / "o")]), *fragments)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The recipe configs: configs/imagenet/*.yaml and configs/finetune/*.yaml
+# ---------------------------------------------------------------------------------------------------------
+RECIPES = sorted(p for p in (Path(__file__).parents[1] / "configs").glob("[if]*/*.yaml") if p.name != "base.yaml")
+# Only the data and the size change: every training feature a recipe turns on (its loss, mixup, repeated
+# augmentation, layer decay, clipping, bf16 autocast, channels_last, drop path) stays on.
+TINY = ["DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", "32", "DATA.BATCH_SIZE", "4", "DATA.NUM_WORKERS", "0",
+        "DATA.ROOT", "", "MODEL.NUM_CLASSES", "5", "OUTPUT_DIR", "/nonexistent-not-written"]
+# ViT-style models need the image to fit their patches (and Swin its windows): the smallest size that does
+SIZES = {"swin_tiny_patch4_window7_224": 224, "deit_small_patch16_224": 32, "vit_small_patch16_224": 32}
+
+
+def test_every_recipe_is_listed():
+    names = {p.relative_to(p.parents[1]).as_posix() for p in RECIPES}
+    assert {"imagenet/resnet50_a3.yaml", "imagenet/deit_small.yaml", "imagenet/convnext_tiny.yaml",
+            "imagenet/swin_tiny.yaml", "finetune/resnet50.yaml", "finetune/vit_small.yaml"} <= names
+
+
+def recipe_cfg(path: Path, *extra: str):
+    """The recipe shrunk to TINY: images of the smallest size its model takes, evaluation 1.5x larger when the
+    recipe evaluates at another size than it trains (RSB A3)."""
+    cfg, _ = load_config(["--cfg", str(path), *TINY], check_paths=False)
+    size = SIZES.get(cfg.MODEL.NAME, 32)
+    eval_size = size * 3 // 2 if cfg.EVAL.IMG_SIZE not in (0, cfg.DATA.IMG_SIZE) else 0
+    return load_config(["--cfg", str(path), *TINY, "DATA.IMG_SIZE", str(size), "EVAL.IMG_SIZE", str(eval_size),
+                        *extra], check_paths=False)[0]
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_recipe_trains_two_steps(path, tmp_path, capsys):
+    cfg = recipe_cfg(path)
+    if path.parent.name == "finetune":  # fine-tuning starts from weights whose classifier has another size
+        weights = tmp_path / "w.pth"
+        torch.save(build_model(recipe_cfg(path, "MODEL.NUM_CLASSES", "3")).state_dict(), weights)
+        cfg = recipe_cfg(path, "MODEL.CHECKPOINT", str(weights))
+    loss, trainer = two_steps(cfg)
+    assert torch.isfinite(loss) and loss > 0
+    assert cfg.AMP.ENABLED and cfg.MODEL.CHANNELS_LAST  # base.yaml's precision and layout are exercised
+    if path.parent.name == "finetune":
+        assert "classifier left new for MODEL.NUM_CLASSES 5" in capsys.readouterr().out
+        assert len({g["lr"] for g in trainer.stepper.optimizer.param_groups}) > 2  # layer decay's groups
