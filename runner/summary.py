@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from runner.config import flatten, get_default_config
+from runner.config import flatten, get_default_config, same_value
 from runner.lock import is_locked
 
 # A run with no results.json counts as running when one of its files changed this recently (seconds)
@@ -83,12 +83,7 @@ def changed_keys(config: dict[str, Any]) -> dict[str, Any]:
     """Keys of a flattened config whose value differs from the defaults (unknown keys included)."""
     defaults = default_values()
     return {k: v for k, v in sorted(config.items())
-            if k not in IGNORED_KEYS and (k not in defaults or not _same(defaults[k], v))}
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal values, where true is not 1 (as runner.config compares them)."""
-    return a == b and isinstance(a, bool) == isinstance(b, bool)
+            if k not in IGNORED_KEYS and (k not in defaults or not same_value(defaults[k], v))}
 
 
 def read_config(run: Run, folder: Path) -> None:

@@ -9,6 +9,7 @@ from runner.config.io import (
     diff_configs,
     dump_config,
     flatten,
+    same_value,
 )
 from runner.config.loader import (
     ConfigInfo,
@@ -31,5 +32,5 @@ __all__ = [
     "ENUMS", "MISSING", "OPTIMIZERS", "RESUME_SAFE_KEYS", "UNSUPPORTED_OPTIMIZERS", "ConfigInfo",
     "add_config_arguments", "build_parser", "changed_from_defaults", "coerce_value", "config_command",
     "config_from_yaml_text", "default_output_dir", "diff_configs", "dump_config", "flatten", "get_default_config",
-    "handle_info_flags", "load_config", "validate",
+    "handle_info_flags", "load_config", "same_value", "validate",
 ]

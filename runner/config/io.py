@@ -43,8 +43,8 @@ def flatten(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal values, with lists and tuples alike."""
+def same_value(a: Any, b: Any) -> bool:
+    """Equal config values: lists and tuples alike, true is not 1."""
     a, b = (list(v) if isinstance(v, tuple) else v for v in (a, b))
     return a == b and isinstance(a, bool) == isinstance(b, bool)
 
@@ -54,7 +54,7 @@ def diff_configs(a: CN, b: CN) -> list[tuple[str, Any, Any]]:
     fa, fb = flatten(a), flatten(b)
     keys = list(fa) + [k for k in fb if k not in fa]
     return [(k, fa.get(k, MISSING), fb.get(k, MISSING)) for k in keys
-            if k not in fa or k not in fb or not _same(fa[k], fb[k])]
+            if k not in fa or k not in fb or not same_value(fa[k], fb[k])]
 
 
 def changed_from_defaults(cfg: CN, keep_output_dir: bool = False) -> dict[str, Any]:
