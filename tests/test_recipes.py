@@ -2,6 +2,8 @@
 their one-line refusals. (Layer decay: tests/test_optim.py.)"""
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -176,3 +178,31 @@ def test_recipe_trains_two_steps(path, tmp_path, capsys):
     if path.parent.name == "finetune":
         assert "classifier left new for MODEL.NUM_CLASSES 5" in capsys.readouterr().out
         assert len({g["lr"] for g in trainer.stepper.optimizer.param_groups}) > 2  # layer decay's groups
+
+
+@pytest.mark.slow
+def test_finetune_recipe_on_a_folder_beats_scratch(tmp_path):
+    """configs/finetune/base.yaml on a 5-class digits folder with 8 images a class, from weights a 10-class digits
+    run saved: the classifier is left new (the log says so), and fine-tuning beats training from scratch."""
+    pre = tmp_path / "pre"
+    proc = run_tool(TRAIN, ["--cfg", "configs/digits/resnet18.yaml", "TRAIN.EPOCHS", "4", "LOG.PERIOD", "50",
+                            "DATA.NUM_WORKERS", "0", "OUTPUT_DIR", str(pre)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    root = export_digits_jpegs(tmp_path / "folder", size=24, per_class=10)
+    for split in ("train", "val"):
+        for digit in "56789":
+            shutil.rmtree(root / split / digit)
+    common = ["--cfg", "configs/finetune/base.yaml", "MODEL.NAME", "test_resnet", "MODEL.NUM_CLASSES", "5",
+              "DATA.ROOT", str(root), "DATA.IMG_SIZE", "24", "DATA.BATCH_SIZE", "8", "DATA.NUM_WORKERS", "0",
+              "TRAIN.EPOCHS", "6", "AUG.SCALE", "[0.8, 1.0]", "AUG.HFLIP", "0.0", "AUG.CROP_PCT", "1.0",
+              "LOG.PERIOD", "5"]
+    tuned = run_tool(TRAIN, common + ["MODEL.CHECKPOINT", str(pre / "checkpoints" / "last.pth"),
+                                      "OUTPUT_DIR", str(tmp_path / "tuned")])
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    assert "classifier left new for MODEL.NUM_CLASSES 5" in tuned.stdout + tuned.stderr
+    scratch = run_tool(TRAIN, common + ["OUTPUT_DIR", str(tmp_path / "scratch")])
+    assert scratch.returncode == 0, scratch.stderr[-2000:]
+    top1 = {name: json.loads((tmp_path / name / "results.json").read_text())["val/top1"]
+            for name in ("tuned", "scratch")}
+    print("fine-tuned vs scratch val/top1:", top1)
+    assert top1["tuned"] >= 80 and top1["tuned"] > top1["scratch"] + 20
