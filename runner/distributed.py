@@ -146,6 +146,23 @@ def teardown() -> None:
         tdist.destroy_process_group()
 
 
+def job_store():
+    """The process group's key-value store (torchrun's TCPStore under this attempt's prefix), or None alone.
+
+    Heartbeats and failures travel through it because it answers while a collective is stuck.
+    """
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return None
+    return tdist.distributed_c10d._get_default_store()
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the process group, (0, 1) without one."""
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return 0, 1
+    return tdist.get_rank(), tdist.get_world_size()
+
+
 def broadcast_object(obj, group):
     """Rank 0's `obj` on every rank, over `group` (control_group(): CPU, made once); identity alone."""
     if not (tdist.is_available() and tdist.is_initialized()):

@@ -8,7 +8,8 @@ from collections.abc import Callable
 EXIT_OK = 0
 EXIT_USER = 2  # a mistake in the config, the arguments or the data: one line on stderr
 EXIT_NONFINITE = 3  # the loss became NaN or inf; nothing non-finite was saved
-EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/Ctrl-C: state saved, rerun the same command to continue (EX_TEMPFAIL)
+EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/Ctrl-C or TRAIN.TIME_LIMIT: state saved, rerun the same command to continue
+EXIT_HUNG = 76  # no optimizer step for DIST.HANG_TIMEOUT_S: stacks in OUTPUT_DIR/hang/; rerun resumes like 75
 EXIT_INTERRUPTED = 130  # Ctrl-C twice: stopped at once; rerun to continue from the last checkpoint (128 + SIGINT)
 
 
@@ -44,6 +45,14 @@ def one_line(message: str) -> str:
         if last.startswith(prefix):
             return last[len(prefix):]
     return last
+
+
+def describe(error: BaseException) -> tuple[int, str]:
+    """(exit code, one line) that `error` ends a process with: a user mistake's own line, else 'Type: message'."""
+    text = one_line(str(error))
+    if isinstance(error, UserError):
+        return error.exit_code, text
+    return getattr(error, "exit_code", 1), f"{type(error).__name__}: {text}"
 
 
 def cli(main: Callable[..., int | None]) -> Callable[..., None]:

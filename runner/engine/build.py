@@ -32,9 +32,10 @@ from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Checkpointer, Hook, MetricLogger, Profiler
 from runner.engine.loop import Trainer
 from runner.engine.runfolder import AlreadyDone, claim_output_dir, resume, write_run_files
-from runner.engine.signals import Preemption, StopFlag
+from runner.engine.signals import Preemption, Stamp, StopFlag, TimeLimit, process_started
 from runner.engine.status import RunStatus
 from runner.engine.step import TrainStep
+from runner.engine.watchdog import Watchdog, job_board, relay_failure
 from runner.errors import UserError
 from runner.lock import RunLock
 from runner.model import build_model, prepare_model
@@ -153,8 +154,13 @@ def build_loop(cfg, dist: Dist, t_start: float) -> Trainer:
 
 
 # ---- the run's hooks -----------------------------------------------------------------------------------------
-def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control) -> list[Hook]:
-    """The fixed, ordered list of a run's side duties (see runner.engine.hooks for why this order)."""
+def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
+              watchdog: Watchdog | None = None) -> list[Hook]:
+    """The fixed, ordered list of a run's side duties (see runner.engine.hooks for why this order).
+
+    The watchdog comes after the metric window (whose loss read waits for the device) and pauses until its
+    resumer, after the checkpointer; TRAIN.TIME_LIMIT's Stamp and TimeLimit time the duties in between.
+    """
     out, main = Path(cfg.OUTPUT_DIR), dist.is_main
     profiler = Profiler(lambda: build_profiler(cfg, out, dist.device, rank=dist.rank,
                                                log=log.info if main else None))
@@ -169,9 +175,24 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control) -> 
     stored = {"config": dump_config(cfg), "class_names": list(trainer.data.class_names)}
     checkpointer = Checkpointer(out, cfg.CHECKPOINT.PERIOD, cfg.CHECKPOINT.KEEP, dist, stored, evaluator.take_best,
                                 metrics, control)
-    preemption = Preemption(StopFlag(control), checkpointer, profiler, cfg.PROFILE.ONLY)
+    flag = StopFlag(control)
+    preemption = Preemption(flag, checkpointer, profiler, cfg.PROFILE.ONLY)
     status.evaluator, status.metrics = evaluator, metrics
-    return [profiler, metrics, evaluator, checkpointer, preemption, status]
+    watch = [watchdog, watchdog.resumer] if watchdog is not None else [None, None]
+    stamp, limit = _time_limit(cfg, flag, dist)
+    hooks = [profiler, metrics, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, status]
+    return [hook for hook in hooks if hook is not None]
+
+
+def _time_limit(cfg, flag: StopFlag, dist: Dist) -> tuple[Stamp | None, TimeLimit | None]:
+    """TRAIN.TIME_LIMIT's hooks, counted from this process's start, or (None, None) without a limit."""
+    from runner.config.schema import parse_time_limit
+
+    seconds = parse_time_limit(cfg.TRAIN.TIME_LIMIT)
+    if not seconds:
+        return None, None
+    stamp = Stamp()
+    return stamp, TimeLimit(seconds, flag, stamp, started=process_started(), lag=1 if dist.distributed else 0)
 
 
 # ---- putting it together ---------------------------------------------------------------------------------------
@@ -225,21 +246,24 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -
         lock.release()
         raise AlreadyDone(*done, dist.is_main)
     setup_logging(str(out) if dist.is_main else None, dist.rank)
+    watchdog = Watchdog(cfg.DIST.HANG_TIMEOUT_S, out, dist, job_board(dist), status)
+    watchdog.start()  # set-up and the first batch are watched too (with a longer allowance)
     trainer = None
     try:
         configure_backends(cfg, dist.device)
         set_seeds(cfg.SEED)
         trainer = build_loop(cfg, dist, t_start)
-        trainer.hooks = run_hooks(cfg, trainer, dist, status, control)
+        trainer.hooks = run_hooks(cfg, trainer, dist, status, control, watchdog)
         resume(cfg, trainer, found, status)
         write_run_files(cfg, dist, trainer.data.class_names)
     except AlreadyDone:
+        watchdog.stop()
         lock.release()
         raise
     except BaseException as e:
         status.record_failure(e, "during setup", trainer.step if trainer is not None else 0)
         raise
-    trainer.on_close.append(lock.release)
+    trainer.on_close += [lock.release, watchdog.stop]
     return trainer
 
 
@@ -251,7 +275,13 @@ def train(cfg, hparam_keys: list[str] | None = None) -> dict:
         if done.main:
             print(runstate.done_line(cfg, done.results, done.why), flush=True)
         return done.results
+    except BaseException as e:  # another rank's collective waits for this one: tell rank 0, which ends the job
+        relay_failure(e)
+        raise
     try:
         return trainer.train()
+    except BaseException as e:
+        relay_failure(e)
+        raise
     finally:
         trainer.close()

@@ -1,8 +1,13 @@
-"""Stopping on request: preemption signals agreed on by every rank, and PROFILE.ONLY; save first, then stop."""
+"""Stopping on request: preemption signals and TRAIN.TIME_LIMIT agreed on by every rank, and PROFILE.ONLY;
+save first, then stop."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import time
+from collections import deque
+from pathlib import Path
 
 import torch
 
@@ -24,6 +29,13 @@ class StopFlag:
         self.work = None
         self.old = {}
         self.stopping = False
+        self.reason = ""  # why this rank asked to stop, when it was not a signal (TRAIN.TIME_LIMIT)
+
+    def request(self, reason: str) -> None:
+        """Ask every rank to stop at the same step and save, as a signal would."""
+        if not self.local:
+            self.local, self.reason = True, reason
+            log.warning("%s: finishing the current step, then saving and exiting", reason)
 
     def install(self) -> None:
         """SIGTERM, SIGUSR1 and a first Ctrl-C ask the run to finish its step, save and exit."""
@@ -87,16 +99,93 @@ class Preemption(Hook):
             self.checkpointer.save(trainer)
             distributed.barrier()  # no rank exits before rank 0's checkpoint is on disk
             out = self.checkpointer.out
-            raise Preempted(f"preempted at step {trainer.step}: checkpoint saved in {out / 'checkpoints'}; "
-                            "rerun the same command to continue")
+            raise Preempted(f"{self.flag.reason or 'preempted'}: stopped at step {trainer.step}, checkpoint saved "
+                            f"in {out / 'checkpoints'}; rerun the same command to continue")
 
     def after_epoch(self, trainer) -> None:
         """A signal that came during the epoch's end: the checkpoint of that end is already saved."""
         if self.flag.poll():
             distributed.barrier()
-            raise Preempted(f"preempted after epoch {trainer.epoch}: checkpoint saved; rerun the same command")
+            raise Preempted(f"{self.flag.reason or 'preempted'}: stopped after epoch {trainer.epoch}, checkpoint "
+                            "saved; rerun the same command to continue")
 
     def close(self, trainer) -> None:
         """Finish the pending reduce and hand the signals back (or ignore them, when stopping on one)."""
         self.flag.close()
 
+
+
+def process_started() -> float:
+    """When this process started, as time.time() (Linux /proc), or now where that cannot be read."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+class Stamp(Hook):
+    """Notes when the duties after a step or an epoch begin, for TimeLimit (later in the list) to time them."""
+
+    def __init__(self):
+        self.t = time.monotonic()
+
+    def after_step(self, trainer) -> None:
+        """The step's duties begin."""
+        self.t = time.monotonic()
+
+    def after_epoch(self, trainer) -> None:
+        """The epoch's duties (evaluation, checkpoint) begin."""
+        self.t = time.monotonic()
+
+
+class TimeLimit(Hook):
+    """TRAIN.TIME_LIMIT: ask every rank to stop and save (as a preemption) while the stop still fits in the budget.
+
+    Placed after the checkpointer, with its Stamp before the evaluator: a step's time runs from the end of the
+    previous step's duties to the Stamp, the duties' time (periodic checkpoints) from the Stamp to here, an
+    epoch end's (evaluation and checkpoint) likewise. Before they are measured, a save is taken to last SAVE_S
+    and an epoch end a quarter of an epoch's steps.
+    """
+
+    SAVE_S, MARGIN_S = 3.0, 3.0  # a save not yet timed; the process's exit after the save
+
+    def __init__(self, seconds: float, flag: StopFlag, stamp: Stamp, *, started: float, lag: int):
+        """`started`: the job's start (time.time()); `lag`: steps a stop takes to be agreed (1 under torchrun)."""
+        self.seconds, self.deadline = seconds, started + seconds
+        self.flag, self.stamp, self.lag = flag, stamp, lag
+        self.steps: deque[float] = deque(maxlen=50)
+        self.duties = 0.0  # the longest step duties (a periodic checkpoint)
+        self.epoch_end: float | None = None  # the longest epoch end
+        self.t_last = time.monotonic()
+
+    def before_epoch(self, trainer) -> None:
+        """An epoch's first step starts now."""
+        self.t_last = time.monotonic()
+
+    def after_step(self, trainer) -> None:
+        """Time the step and its duties; stop now if one more step would not leave time to save."""
+        now = time.monotonic()
+        self.steps.append(self.stamp.t - self.t_last)
+        self.duties = max(self.duties, now - self.stamp.t)
+        self.t_last = now
+        if self.need(trainer) > self.deadline - time.time():
+            self.flag.request(f"TRAIN.TIME_LIMIT {self.seconds:g} s is near")
+
+    def after_epoch(self, trainer) -> None:
+        """Time the epoch's end."""
+        now = time.monotonic()
+        self.epoch_end = max(self.epoch_end or 0.0, now - self.stamp.t)
+        self.t_last = now
+
+    def need(self, trainer) -> float:
+        """Seconds to go on one more step and then stop: the steps, an epoch end among them, the save, the exit."""
+        step = max(self.steps)
+        ahead = 1 + self.lag
+        need = ahead * step + max(self.duties, self.SAVE_S) + self.MARGIN_S
+        left_in_epoch = trainer.steps_per_epoch - trainer.batch_in_epoch // trainer.stepper.accum
+        if left_in_epoch <= ahead or trainer.step + ahead >= trainer.total_steps:
+            guess = 0.25 * trainer.steps_per_epoch * step + self.SAVE_S
+            need += self.epoch_end if self.epoch_end is not None else guess
+        return need

@@ -1,0 +1,327 @@
+"""The hang watchdog and errors from any rank, passed through the process group's store, never a collective.
+
+Every rank runs a daemon thread. Each tick it writes this rank's heartbeat to the store; rank 0 reads the
+failures other ranks post there, the other ranks read the verdict rank 0 posts. The loop reports progress
+from `after_step` with plain Python stores (no tensor is read, so no host sync). When no optimizer step
+completes for DIST.HANG_TIMEOUT_S, each live rank writes every thread's stack to OUTPUT_DIR/hang/rank<r>.txt
+(faulthandler); the reporting rank (rank 0, or the lowest live rank when rank 0 itself froze) names the ranks
+whose heartbeat stopped, marks run.json `hung` and ends the job with exit 76. A hung collective cannot be
+interrupted: once its files are flushed the process ends with os._exit, and a frozen rank on the same host
+is killed so that nothing is left behind (torchrun would wait 30 s before killing it).
+"""
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from runner import distributed, runstate
+from runner.distributed import Dist
+from runner.engine.hooks import Hook
+from runner.errors import EXIT_HUNG, EXIT_USER, Preempted, describe
+from runner.sinks import log_to_file
+
+log = logging.getLogger("runner")
+
+HUNG = "hung"  # run.json status of a job the watchdog ended; it resumes like a preempted one
+TICK = 1.0  # seconds between heartbeats
+SETUP_ALLOWANCE = 600.0  # before this process's first step (set-up, resume, the first batch) the limit is at least this
+AUTO_MIN, AUTO_FACTOR = 300.0, 20  # DIST.HANG_TIMEOUT_S -1: max(AUTO_MIN, AUTO_FACTOR x the slowest step so far)
+VERDICT_WAIT = 15.0  # how long a non-zero rank waits for rank 0 to answer before presuming rank 0 frozen
+_P = "runner/watchdog/"
+
+
+class Board:
+    """Heartbeats, failures and the verdict, under one prefix of the job's store (it answers during a hang)."""
+
+    def __init__(self, store, rank: int, world: int):
+        self.store, self.rank, self.world = store, rank, world
+        self.me = f"{socket.gethostname()} {os.getpid()}"
+        self.seq = 0
+
+    def beat(self, step: int) -> None:
+        """This rank is alive (and at `step`): a new heartbeat."""
+        self.seq += 1
+        self.store.set(f"{_P}hb/{self.rank}", f"{self.seq} {step} {self.me}")
+
+    def heartbeats(self) -> dict[int, list[str]]:
+        """Every rank's latest heartbeat, [seq, step, host, pid], for the ranks that wrote one."""
+        beats = {}
+        for r in range(self.world):
+            key = f"{_P}hb/{r}"
+            if self.store.check([key]):
+                beats[r] = self.store.get(key).decode().split()
+        return beats
+
+    def frozen(self, window: float, tick: float, step: int) -> tuple[list[int], dict[int, list[str]]]:
+        """The ranks whose heartbeat does not move for `window` seconds (this one beats meanwhile); the last beats."""
+        before = self.heartbeats()
+        end = time.monotonic() + window
+        while time.monotonic() < end:
+            self.beat(step)
+            time.sleep(tick)
+        after = self.heartbeats()
+        return [r for r in range(self.world) if r not in after or before.get(r, [""])[0] == after[r][0]], after
+
+    def post_failure(self, code: int, line: str) -> None:
+        """This rank is ending with `code`: its one line, for rank 0 to report."""
+        self.store.set(f"{_P}fail/{self.rank}", f"{code}\t{line}")
+        self.store.add(f"{_P}failures", 1)
+
+    def failures(self) -> list[tuple[int, int, str]]:
+        """(rank, exit code, line) of every rank that posted a failure; one counter read when there is none."""
+        if self.store.add(f"{_P}failures", 0) == 0:
+            return []
+        found = []
+        for r in range(self.world):
+            key = f"{_P}fail/{r}"
+            if self.store.check([key]):
+                code, line = self.store.get(key).decode().split("\t", 1)
+                found.append((r, int(code), line))
+        return found
+
+    def post_verdict(self, code: int, text: str) -> None:
+        """The job ends with `code`: every rank follows."""
+        self.store.set(f"{_P}verdict", f"{code}\t{text}")
+        self.store.add(f"{_P}verdicts", 1)
+
+    def verdict(self) -> tuple[int, str] | None:
+        """(exit code, text) once a verdict is posted, else None."""
+        if self.store.add(f"{_P}verdicts", 0) == 0:
+            return None
+        code, text = self.store.get(f"{_P}verdict").decode().split("\t", 1)
+        return int(code), text
+
+    def await_verdict(self, seconds: float, tick: float, step: int) -> tuple[int, str] | None:
+        """Wait up to `seconds` for the verdict, beating meanwhile (a waiting rank is not a frozen one)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            found = self.verdict()
+            if found is not None:
+                return found
+            self.beat(step)
+            time.sleep(tick)
+        return self.verdict()
+
+
+def job_board(dist: Dist) -> Board | None:
+    """The Board of this job's process group, or None in a single process."""
+    store = distributed.job_store()
+    return None if store is None else Board(store, dist.rank, dist.world_size)
+
+
+def relay_failure(error: BaseException) -> None:
+    """Before a failing rank exits: post its line so that the whole job ends now (rank 0 reports it)."""
+    store = distributed.job_store()
+    if store is None or isinstance(error, (Preempted, KeyboardInterrupt, SystemExit)):
+        return
+    board = Board(store, *distributed.rank_and_world())
+    code, line = describe(error)
+    try:
+        if board.rank == 0:
+            board.post_verdict(code, f"rank 0: {line}")
+        else:  # exiting before rank 0 has read it would break its collective first, with a traceback of its own
+            board.post_failure(code, line)
+            board.await_verdict(VERDICT_WAIT, TICK, -1)
+    except Exception:  # the store is gone: the job is ending anyway
+        pass
+
+
+class Watchdog(Hook):
+    """Ends a job whose optimizer steps stopped, and relays the failures of other ranks (see the module)."""
+
+    def __init__(self, timeout: float, out: Path, dist: Dist, board: Board | None, status=None, *,
+                 tick: float = TICK, setup_allowance: float = SETUP_ALLOWANCE):
+        """`timeout`: seconds, -1 auto, 0 off (the thread then only relays failures); `status`: RunStatus."""
+        self.timeout, self.out, self.dist, self.board, self.status = timeout, Path(out), dist, board, status
+        self.tick, self.setup_allowance = tick, setup_allowance
+        self.last = time.monotonic()  # the latest progress; written by the loop's thread only
+        self.step = 0
+        self.stepped = False  # a step completed in this process
+        self.fresh = True  # the next gap follows set-up or an epoch's start: not a step time
+        self.paused = False  # evaluation, checkpoints: not a hang however long
+        self.slowest = 0.0
+        self.dumped = False
+        self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.resumer = _Resume(self)
+
+    # ---- the loop's side: plain stores, no tensor read ---------------------------------------------------
+    def after_step(self, trainer) -> None:
+        """Progress; the hooks that follow (a checkpoint) are paused until the resumer runs."""
+        now = time.monotonic()
+        if self.fresh:
+            self.fresh = False
+        else:
+            self.slowest = max(self.slowest, now - self.last)
+        self.last, self.step, self.stepped, self.paused = now, trainer.step, True, True
+
+    def before_epoch(self, trainer) -> None:
+        """An epoch starts (its first batch is not a step time)."""
+        self.step, self.fresh = trainer.step, True
+        self.resume()
+
+    def after_epoch(self, trainer) -> None:
+        """The epoch's evaluation and checkpoint are no hang, however long."""
+        self.paused = True
+
+    def after_train(self, trainer) -> None:
+        """The run's results are written: nothing left to watch."""
+        self.paused = True
+
+    def close(self, trainer) -> None:
+        """Stop the thread."""
+        self.stop()
+
+    def resume(self) -> None:
+        """Watch again, from now."""
+        self.last, self.paused = time.monotonic(), False
+
+    # ---- the thread ------------------------------------------------------------------------------------
+    def limit(self) -> float:
+        """Seconds without a step that make a hang: the timeout (or auto), at least SETUP_ALLOWANCE before step 1."""
+        base = self.timeout if self.timeout > 0 else max(AUTO_MIN, AUTO_FACTOR * self.slowest)
+        return base if self.stepped else max(base, self.setup_allowance)
+
+    def start(self) -> None:
+        """Start the thread (not in a single process with the watchdog off)."""
+        if self.timeout == 0 and self.board is None:
+            return
+        self.last = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="runner-watchdog", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """End the thread (the run is over)."""
+        self.stopped.set()
+
+    def _run(self) -> None:
+        """Each tick: heartbeat and messages, then the hang check."""
+        while not self.stopped.wait(self.tick):
+            if self.board is not None:
+                try:
+                    self._exchange()
+                except Exception as e:  # the store went away (the job is ending): keep watching this rank alone
+                    log.debug("watchdog: store unavailable (%s)", e)
+            if self.timeout != 0 and not self.paused and time.monotonic() - self.last > self.limit():
+                self._hang()
+
+    def _exchange(self) -> None:
+        """Heartbeat; rank 0 reads the failures posted, the others the verdict."""
+        self.board.beat(self.step)
+        if self.dist.is_main:
+            failures = self.board.failures()
+            if failures:
+                self._relay(failures)
+        else:
+            verdict = self.board.verdict()
+            if verdict is not None:
+                if verdict[0] == EXIT_HUNG:
+                    self._dump()
+                _exit(verdict[0])
+
+    def _relay(self, failures: list[tuple[int, int, str]]) -> None:
+        """Rank 0: another rank failed (its line is reported, the job exits with its code) or saw a hang."""
+        errors = [f for f in failures if f[1] != EXIT_HUNG]
+        if not errors:
+            self._hang()
+            return
+        rank, code, line = errors[0]
+        text = f"rank {rank}: {line}"
+        self.board.post_verdict(code, text)
+        if self.status is not None:
+            self.status.write(runstate.FAILED, self.step, error=text[:500], rank=rank)
+        log_to_file(f"error at step {self.step}: {text}")
+        print(f"error: {text}" if code == EXIT_USER else text, file=sys.stderr, flush=True)
+        _exit(code)
+
+    def _hang(self) -> None:
+        """No step for too long: stacks, the frozen ranks, run.json, exit 76 (every rank follows)."""
+        limit = self.limit()
+        self._dump()
+        frozen, beats = [], {}
+        if self.board is not None:
+            if not self.dist.is_main:
+                self.board.post_failure(EXIT_HUNG, f"no optimizer step for {limit:.0f} s after step {self.step}")
+                if self.board.await_verdict(VERDICT_WAIT, self.tick, self.step) is not None:
+                    _exit(EXIT_HUNG)  # rank 0 reported it
+            frozen, beats = self.board.frozen(max(3 * self.tick, 2.0), self.tick, self.step)
+            live = [r for r in range(self.dist.world_size) if r not in frozen]
+            if live and live[0] != self.dist.rank:
+                _exit(EXIT_HUNG)
+        text = (f"hung: no optimizer step for {limit:.0f} s after step {self.step} (DIST.HANG_TIMEOUT_S); "
+                + (f"rank {', '.join(map(str, frozen))} stopped reporting" if frozen else
+                   "every rank still reports (a deadlock, not a dead rank)")
+                + f"; each live rank's stacks are in {self.out / 'hang'}; the same command resumes from the "
+                  "last checkpoint")
+        if self.board is not None:
+            self.board.post_verdict(EXIT_HUNG, text)
+        self._report(text, frozen)
+        _kill_frozen(frozen, beats)
+        _exit(EXIT_HUNG)
+
+    def _report(self, text: str, frozen: list[int]) -> None:
+        """run.json `hung` with the step and the frozen ranks; the line on stderr and in log.txt."""
+        extra = {"step": self.step, "hung_ranks": frozen, "error": text[:500]}
+        if self.dist.is_main and self.status is not None:
+            self.status.write(HUNG, **extra)
+            log_to_file(text)
+        elif runstate.is_our_run(self.out):  # rank 0 froze: the lowest live rank writes in its place
+            runstate.write_status(str(self.out), HUNG, **extra)
+        print(text, file=sys.stderr, flush=True)
+
+    def _dump(self) -> None:
+        """Every thread's Python stack to OUTPUT_DIR/hang/rank<r>.txt (once)."""
+        if self.dumped:
+            return
+        self.dumped = True
+        folder = self.out / "hang"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"rank{self.dist.rank}.txt", "w") as f:
+            f.write(f"rank {self.dist.rank} (pid {os.getpid()} on {socket.gethostname()}): no optimizer step for "
+                    f"{time.monotonic() - self.last:.0f} s after step {self.step}; every thread's stack, "
+                    "most recent call first:\n\n")
+            f.flush()
+            faulthandler.dump_traceback(f, all_threads=True)
+
+
+class _Resume(Hook):
+    """Placed after the checkpointer: the pause for evaluation and checkpoints ends, the clock restarts."""
+
+    def __init__(self, watchdog: Watchdog):
+        self.watchdog = watchdog
+
+    def after_step(self, trainer) -> None:
+        """The step's checkpoint (if any) is saved."""
+        self.watchdog.resume()
+
+    def after_epoch(self, trainer) -> None:
+        """The epoch's evaluation and checkpoint are done."""
+        self.watchdog.resume()
+
+
+def _kill_frozen(frozen: list[int], beats: dict[int, list[str]]) -> None:
+    """SIGKILL the frozen ranks on this host (they can run no code; torchrun would wait 30 s to kill them)."""
+    host = socket.gethostname()
+    for r in frozen:
+        beat = beats.get(r)
+        if beat is not None and len(beat) == 4 and beat[2] == host:
+            try:
+                os.kill(int(beat[3]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, ValueError):
+                pass
+
+
+def _exit(code: int) -> None:
+    """End the process now, whatever its main thread is stuck in, once what was written is flushed."""
+    for handler in log.handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
