@@ -127,8 +127,11 @@ def relay_failure(error: BaseException) -> None:
         if board.rank == 0:
             board.post_verdict(code, f"rank 0: {line}")
         else:  # exiting before rank 0 has read it would break its collective first, with a traceback of its own
+            # rank 0 exits once it has reported this line, and torchrun then SIGTERMs this rank: it exits with
+            # its own code anyway, so the signal may not cut it short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             board.post_failure(code, line)
-            board.await_verdict(VERDICT_WAIT, TICK, -1)
+            board.await_verdict(VERDICT_WAIT, 0.1, -1)
     except Exception:  # the store is gone: the job is ending anyway
         pass
 

@@ -1,0 +1,71 @@
+"""Errors from any rank: under torchrun, rank 1 alone meets more unreadable files than DATA.BAD_FILE_BUDGET; the
+whole job ends within seconds, every worker exits 2, and rank 0's stderr, log.txt and run.json carry rank 1's
+line."""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.config import load_config
+from runner.data import build_data
+from runner.distributed import Dist
+from tests.data.fixtures import export_digits_jpegs
+from tests.test_distributed import alive_with, finish, launch
+from tests.utils import TRAIN
+
+ARGS = ["MODEL.NAME", "resnet10t", "DATA.NAME", "folder", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "8",
+        "TRAIN.EPOCHS", "2", "DATA.NUM_WORKERS", "0", "DATA.CHECK", "False", "LOG.PERIOD", "1",
+        "LOG.TENSORBOARD", "False", "DIST.TIMEOUT_S", "120"]
+
+
+def _sampler(loader):
+    """The index sampler inside a built train loader, wherever the loader keeps it."""
+    todo = [loader]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, torch.utils.data.Sampler) and not isinstance(obj, torch.utils.data.BatchSampler):
+            return obj
+        todo += [v for k, v in vars(obj).items() if not k.startswith("__")] if hasattr(obj, "__dict__") else []
+    raise AssertionError(f"no sampler found in {loader!r}")
+
+
+def rank_files(root: Path, rank: int, world: int, count: int) -> list[str]:
+    """The first `count` training files `rank` of `world` reads in epoch 0, asked of the loader code itself."""
+    cfg, _ = load_config(["DATA.ROOT", str(root), *ARGS])
+    data = build_data(cfg, Dist(rank, world, rank, torch.device("cpu")))
+    sampler = _sampler(data.train)
+    sampler.set_epoch(0, 0)
+    dataset = data.train.loader.dataset
+    return [dataset.samples[i][0] for i in list(iter(sampler))[:count]]
+
+
+@pytest.mark.slow
+def test_user_mistake_on_rank_1_ends_the_job_with_its_line(tmp_path):
+    root = export_digits_jpegs(tmp_path / "digits", size=16, per_class=30)
+    mine, others = rank_files(root, 1, 2, 6), set(rank_files(root, 0, 2, 10**6))
+    bad = [p for p in mine if p not in others]
+    assert len(bad) >= 4, (mine, len(others))
+    for path in bad:  # 240 training files, budget 1%: the third bad file rank 1 meets stops it
+        Path(path).write_bytes(b"not a jpeg")
+    out, log = tmp_path / "out", tmp_path / "run.log"
+    t0 = time.monotonic()
+    proc = launch(["--standalone", "--nproc_per_node=2", TRAIN, "DATA.ROOT", str(root), *ARGS,
+                   "OUTPUT_DIR", str(out)], log)
+    text = finish(proc, log, timeout=120)
+    assert proc.returncode != 0, text[-3000:]
+    codes = re.findall(r"rank\s*: (\d) \(local_rank: \d\)\s*\n\s*exitcode\s*: (-?\d+)", text)
+    assert sorted(codes) == [("0", "2"), ("1", "2")], text[-3000:]
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "failed" and status["rank"] == 1, status
+    assert status["error"].startswith("rank 1: ") and "DATA.BAD_FILE_BUDGET" in status["error"], status
+    # rank 0's own stderr line names rank 1 (torchrun mixes both workers' output into the log)
+    assert re.search(r"^error: rank 1: .*DATA\.BAD_FILE_BUDGET", text, re.M), text[-3000:]
+    assert "rank 1: " in (out / "log.txt").read_text()
+    assert text.count("Traceback") == 1, text[-3000:]  # torchrun's own (ChildFailedError); none of a worker
+    assert alive_with(str(out)) == []
+    assert time.monotonic() - t0 < 60  # far from DIST.TIMEOUT_S, which a stuck rank 0 would wait out
