@@ -4,9 +4,10 @@
     python tools/train.py --cfg configs/digits/resnet18.yaml [KEY VALUE ...]
     torchrun --standalone --nproc_per_node=N tools/train.py --cfg ... [KEY VALUE ...]
 
-Exit codes: 0 done (also: the run was already done), 2 a mistake in the config or arguments,
-3 the loss became non-finite, 75 preempted by SIGTERM/SIGUSR1/a first Ctrl-C (state saved: rerun the same
-command), 130 Ctrl-C twice (stopped at once: rerun to continue from the last checkpoint).
+Exit codes: 0 done (also: the run was already done), 2 a mistake in the config or arguments (on any rank),
+3 the loss became non-finite, 75 preempted by SIGTERM/SIGUSR1/a first Ctrl-C or TRAIN.TIME_LIMIT (state saved:
+rerun the same command), 76 hung (no step for DIST.HANG_TIMEOUT_S; stacks in OUTPUT_DIR/hang/; rerun the same
+command to resume, as after 75), 130 Ctrl-C twice (stopped at once: rerun to continue from the last checkpoint).
 """
 from __future__ import annotations
 

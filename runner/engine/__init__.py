@@ -4,8 +4,9 @@ Modules, imports running one way (each imports only those above it):
     step        TrainStep: micro-step, optimizer step, loss tracking on the device (no host sync)
     hooks       Hook, StopRun; Profiler, MetricLogger (windows, sinks), Checkpointer
     evaluation  evaluate (top-1/top-5 over a split), Evaluator (and the best result)
-    signals     StopFlag, Preemption (SIGTERM/SIGUSR1/Ctrl-C agreed by every rank; PROFILE.ONLY)
+    signals     StopFlag, Preemption (SIGTERM/SIGUSR1/Ctrl-C agreed by every rank; PROFILE.ONLY), TimeLimit
     status      RunStatus (run.json, results.json, TensorBoard's hparams)
+    watchdog    Watchdog (hangs: stacks, run.json hung, exit 76), relaying failures of any rank via the store
     loop        Trainer: epochs, batches, resume position, the step and the hooks in order
     runfolder   claiming OUTPUT_DIR, resuming, the run's files
     build       build_trainer(cfg): the one place that reads the config to wire a run; train(cfg)
