@@ -45,6 +45,8 @@ def plain_keys(state: dict) -> None:
         assert not bad, f"{part}: {bad[:3]}"
 
 
+@pytest.mark.xfail(strict=True, reason="runner/engine/evaluation.py: Evaluator.validate evaluates stepper.bare, the "
+                   "uncompiled module, so evaluation runs eager; remove this mark when it runs the compiled one")
 def test_compile_trains_and_evaluates_compiled(tmp_path: Path):
     """Training and the run's evaluation both go through the compiled model; the checkpoint holds plain keys."""
     out = tmp_path / "run"
