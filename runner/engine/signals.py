@@ -99,15 +99,16 @@ class Preemption(Hook):
             self.checkpointer.save(trainer)
             distributed.barrier()  # no rank exits before rank 0's checkpoint is on disk
             out = self.checkpointer.out
-            raise Preempted(f"{self.flag.reason or 'preempted'}: stopped at step {trainer.step}, checkpoint saved "
-                            f"in {out / 'checkpoints'}; rerun the same command to continue")
+            why = f"{self.flag.reason}: stopped" if self.flag.reason else "preempted"
+            raise Preempted(f"{why} at step {trainer.step}: checkpoint saved in {out / 'checkpoints'}; "
+                            "rerun the same command to continue")
 
     def after_epoch(self, trainer) -> None:
         """A signal that came during the epoch's end: the checkpoint of that end is already saved."""
         if self.flag.poll():
             distributed.barrier()
-            raise Preempted(f"{self.flag.reason or 'preempted'}: stopped after epoch {trainer.epoch}, checkpoint "
-                            "saved; rerun the same command to continue")
+            why = f"{self.flag.reason}: stopped" if self.flag.reason else "preempted"
+            raise Preempted(f"{why} after epoch {trainer.epoch}: checkpoint saved; rerun the same command")
 
     def close(self, trainer) -> None:
         """Finish the pending reduce and hand the signals back (or ignore them, when stopping on one)."""
