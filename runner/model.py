@@ -5,6 +5,8 @@ import difflib
 import logging
 import os
 import re
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -401,6 +403,11 @@ def prepare_model(model: nn.Module, cfg, dist: Dist) -> tuple[nn.Module, nn.Modu
             find_unused_parameters=cfg.DIST.FIND_UNUSED_PARAMETERS,
             broadcast_buffers=cfg.DIST.BROADCAST_BUFFERS, bucket_cap_mb=cfg.DIST.BUCKET_CAP_MB,
         )
-    if cfg.MODEL.COMPILE:
-        model = torch.compile(model, mode=None if cfg.MODEL.COMPILE_MODE == "default" else cfg.MODEL.COMPILE_MODE)
-    return model, bare
+    return compiler(cfg)(model), bare
+
+
+def compiler(cfg) -> Callable[[nn.Module], nn.Module]:
+    """torch.compile with MODEL.COMPILE_MODE when MODEL.COMPILE, else the module as it is."""
+    if not cfg.MODEL.COMPILE:
+        return lambda module: module
+    return partial(torch.compile, mode=None if cfg.MODEL.COMPILE_MODE == "default" else cfg.MODEL.COMPILE_MODE)

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     from runner import distributed
     from runner.data import build_data
     from runner.engine import autocast_for, configure_backends, evaluate
-    from runner.model import build_model
+    from runner.model import build_model, compiler
     from runner.sinks import setup_logging
 
     dist = distributed.setup(cfg)
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         model = model.to(memory_format=torch.channels_last)
-    res = evaluate(model, data.val, dist.device, autocast_for(cfg, dist.device))
+    res = evaluate(compiler(cfg)(model), data.val, dist.device, autocast_for(cfg, dist.device))
     res = {"val/top1": res["top1"], "val/top5": res["top5"], "val/loss": res["loss"], "val/count": res["count"],
            "checkpoint": cfg.MODEL.CHECKPOINT, "world_size": dist.world_size}
     if dist.is_main:

@@ -42,7 +42,7 @@ _C.MODEL.DROP_RATE = 0.0
 _C.MODEL.DROP_PATH_RATE = 0.0
 # Keep model and inputs in channels_last memory format (faster convolutions on tensor cores)
 _C.MODEL.CHANNELS_LAST = False
-# Wrap the model in torch.compile
+# Wrap the model in torch.compile, for training and for evaluation (may differ between a run and its resume)
 _C.MODEL.COMPILE = False
 # torch.compile mode: default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
 _C.MODEL.COMPILE_MODE = "default"

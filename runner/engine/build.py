@@ -38,7 +38,7 @@ from runner.engine.step import TrainStep
 from runner.engine.watchdog import Watchdog, job_board, relay_failure
 from runner.errors import UserError
 from runner.lock import RunLock
-from runner.model import build_model, prepare_model
+from runner.model import build_model, compiler, prepare_model
 from runner.optim import build_optimizer, build_scheduler
 from runner.profiler import build_profiler
 from runner.sinks import MetricWriter, run_hparams, setup_logging
@@ -169,7 +169,8 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
               f"{cfg.TRAIN.EPOCHS} epochs x {trainer.steps_per_epoch} steps, batch {cfg.DATA.BATCH_SIZE} per process")
     metrics = MetricLogger(cfg.LOG.PERIOD, cfg.TRAIN.EPOCHS, dist, banner=banner, open_writer=lambda step: (
         MetricWriter(str(out), cfg, step, main, trainer.total_steps)))
-    evaluator = Evaluator(trainer.data.val, cfg.EVAL.PERIOD, dist, metrics, trainer.stepper.autocast)
+    evaluator = Evaluator(trainer.data.val, cfg.EVAL.PERIOD, dist, metrics, trainer.stepper.autocast,
+                          compile_fn=compiler(cfg) if cfg.MODEL.COMPILE else None)
     from runner.config import dump_config
 
     stored = {"config": dump_config(cfg), "class_names": list(trainer.data.class_names)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -45,8 +46,11 @@ class Evaluator(Hook):
     """The val split at every EVAL.PERIOD-th epoch's end and at the run's end (the model and its EMA); the best."""
 
     def __init__(self, loader, period: int, dist: Dist, metrics: MetricLogger | None = None,
-                 autocast=nullcontext):
+                 autocast=nullcontext, compile_fn: Callable[[nn.Module], nn.Module] | None = None):
+        """`compile_fn` wraps each evaluated module once (torch.compile under MODEL.COMPILE)."""
         self.loader, self.period, self.dist, self.metrics, self.autocast = loader, period, dist, metrics, autocast
+        self.compile_fn = compile_fn
+        self.compiled: dict[int, nn.Module] = {}
         self.best = dict(NO_BEST)
         self.last_val: dict[str, float] = {}
         self.is_best = False  # set by an evaluation, taken by the checkpoint that follows it
@@ -62,11 +66,11 @@ class Evaluator(Hook):
         stepper = trainer.stepper
         modules = [stepper.bare] + ([stepper.ema.module] if stepper.ema is not None else [])
         self._sync_buffers(modules)
-        res = evaluate(stepper.bare, self.loader, self.dist.device, self.autocast)
+        res = evaluate(self._runnable(stepper.bare), self.loader, self.dist.device, self.autocast)
         scalars = {"val/top1": res["top1"], "val/top5": res["top5"], "val/loss": res["loss"],
                    "val/count": res["count"]}
         if stepper.ema is not None:
-            ema = evaluate(stepper.ema.module, self.loader, self.dist.device, self.autocast)
+            ema = evaluate(self._runnable(stepper.ema.module), self.loader, self.dist.device, self.autocast)
             scalars.update({"val_ema/top1": ema["top1"], "val_ema/top5": ema["top5"]})
         self.last_val = scalars
         self.is_best = res["top1"] > self.best["val/top1"]
@@ -76,6 +80,16 @@ class Evaluator(Hook):
             self.metrics.write(trainer.step, trainer.epoch, scalars)
         log.info("eval epoch %d step %d: val/top1 %.2f val/top5 %.2f (%d images)%s", trainer.epoch, trainer.step,
                  res["top1"], res["top5"], res["count"], " best" if self.is_best else "")
+
+    def _runnable(self, module: nn.Module) -> nn.Module:
+        """The module as evaluation runs it: compiled once (sharing its weights), or itself."""
+        # the training model is DDP-wrapped and compiled for train mode; a separate compile of the bare module
+        # keeps evaluation out of DDP and out of the training graph's guards
+        if self.compile_fn is None:
+            return module
+        if id(module) not in self.compiled:
+            self.compiled[id(module)] = self.compile_fn(module)
+        return self.compiled[id(module)]
 
     def _sync_buffers(self, modules: list[nn.Module]) -> None:
         """Give every rank rank 0's buffers (BatchNorm statistics, the EMA's too) before evaluating."""

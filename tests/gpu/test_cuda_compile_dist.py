@@ -45,8 +45,6 @@ def plain_keys(state: dict) -> None:
         assert not bad, f"{part}: {bad[:3]}"
 
 
-@pytest.mark.xfail(strict=True, reason="runner/engine/evaluation.py: Evaluator.validate evaluates stepper.bare, the "
-                   "uncompiled module, so evaluation runs eager; remove this mark when it runs the compiled one")
 def test_compile_trains_and_evaluates_compiled(tmp_path: Path):
     """Training and the run's evaluation both go through the compiled model; the checkpoint holds plain keys."""
     out = tmp_path / "run"
@@ -61,8 +59,6 @@ def test_compile_trains_and_evaluates_compiled(tmp_path: Path):
         "no recompile for eval mode: the evaluation did not run the compiled model\n" + logged[-3000:])
 
 
-@pytest.mark.xfail(strict=True, reason="runner/config/schema.py: MODEL.COMPILE is not in RESUME_SAFE_KEYS, so the "
-                   "resume is refused (exit 2, 'keys that change the run'); remove this mark when it is")
 def test_compile_resumes_from_eager_and_back(tmp_path: Path):
     """An eager checkpoint continues compiled, and that one eager again: MODEL.COMPILE changes no number."""
     out = tmp_path / "run"
