@@ -19,31 +19,34 @@ from runner.errors import UserError
 log = logging.getLogger("runner")
 
 
-def _create(cfg, **extra) -> nn.Module:
-    """timm.create_model with the config's arguments; drop-path only when asked (not every model takes it)."""
+def _create(cfg, name: str | None = None, **extra) -> nn.Module:
+    """timm.create_model(name or MODEL.NAME) with the config's arguments; drop-path only when asked (not every
+    model takes it)."""
     import timm
 
     kwargs = dict(num_classes=cfg.MODEL.NUM_CLASSES, in_chans=cfg.MODEL.IN_CHANS, drop_rate=cfg.MODEL.DROP_RATE)
     if cfg.MODEL.DROP_PATH_RATE > 0:
         kwargs["drop_path_rate"] = cfg.MODEL.DROP_PATH_RATE
-    return timm.create_model(cfg.MODEL.NAME, **kwargs, **extra)
+    return timm.create_model(name or cfg.MODEL.NAME, **kwargs, **extra)
 
 
-def _unknown_model(name: str) -> UserError:
+def _unknown_model(name: str, key: str = "MODEL.NAME") -> UserError:
     """An error naming the closest timm model names."""
     import timm
 
     close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models() for the names"
-    return UserError(f"MODEL.NAME '{name}' is not a timm model{hint}")
+    return UserError(f"{key} '{name}' is not a timm model{hint}")
 
 
-def _create_sized(cfg, **extra) -> nn.Module:
-    """Create the model, passing img_size to the models that take one (ViT-style position embeddings)."""
+def create_sized(cfg, name: str | None = None, key: str = "MODEL.NAME", **extra) -> nn.Module:
+    """Create the model `name` (default MODEL.NAME, set by `key`), passing img_size to the models that take one
+    (ViT-style position embeddings)."""
     import timm
 
-    if not timm.is_model(cfg.MODEL.NAME):
-        raise _unknown_model(cfg.MODEL.NAME)
+    name = name or cfg.MODEL.NAME
+    if not timm.is_model(name):
+        raise _unknown_model(name, key)
     tries = [dict(img_size=cfg.DATA.IMG_SIZE)]
     if (cfg.EVAL.IMG_SIZE or cfg.DATA.IMG_SIZE) != cfg.DATA.IMG_SIZE:
         # a model built for one img_size refuses another unless asked to resample its position embeddings
@@ -51,11 +54,11 @@ def _create_sized(cfg, **extra) -> nn.Module:
         tries.insert(0, dict(img_size=cfg.DATA.IMG_SIZE, dynamic_img_size=True))
     for sized in tries:
         try:
-            return _create(cfg, **sized, **extra)
+            return _create(cfg, name, **sized, **extra)
         except TypeError as e:
             if "img_size" not in str(e):
                 raise
-    return _create(cfg, **extra)
+    return _create(cfg, name, **extra)
 
 
 def build_model(cfg, allow_new_head: bool = True) -> nn.Module:
@@ -68,7 +71,7 @@ def build_model(cfg, allow_new_head: bool = True) -> nn.Module:
     if cfg.MODEL.PRETRAINED and not cfg.MODEL.CHECKPOINT:
         model = _pretrained_offline(cfg)
     else:
-        model = _create_sized(cfg)
+        model = create_sized(cfg)
     probe_input(model, cfg)
     if cfg.MODEL.CHECKPOINT:
         load_weights(model, cfg.MODEL.CHECKPOINT, allow_new_head=allow_new_head)
@@ -164,7 +167,7 @@ def _pretrained_offline(cfg) -> nn.Module:
 
     hub.HF_HUB_OFFLINE = True
     try:
-        return _create_sized(cfg, pretrained=True)
+        return create_sized(cfg, pretrained=True)
     except UserError:
         raise
     except Exception as e:  # the hub client raises many types for "not cached"
@@ -181,14 +184,16 @@ def _pretrained_offline(cfg) -> nn.Module:
 STATE_KEYS = ("model", "state_dict", "model_state_dict")  # where runner, Lightning-style and other files keep weights
 
 
-def load_weights(model: nn.Module, path: str, allow_new_head: bool = False) -> dict:
+def load_weights(model: nn.Module, path: str, allow_new_head: bool = False,
+                 keys: tuple[str, str] = ("MODEL.CHECKPOINT", "MODEL.NAME")) -> dict:
     """Load weights from a runner checkpoint, a plain state_dict or a .safetensors file; returns the other fields.
 
     Every tensor must fit the model (names and shapes). With `allow_new_head` (training only) a classifier of
     another size, or none, is left new, and an input conv for another MODEL.IN_CHANS is adapted as timm adapts
     pretrained weights; both are logged. Anything else that does not fit is one UserError naming it.
+    `keys`: the config keys of the file and of the model, as the errors name them.
     """
-    where = f"MODEL.CHECKPOINT {path}"
+    where = f"{keys[0]} {path}"
     sd, meta = _state_dict_of(read_weights_file(path, where), where)
     own = model.state_dict()
     wrong = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
@@ -205,7 +210,8 @@ def load_weights(model: nn.Module, path: str, allow_new_head: bool = False) -> d
                 del sd[k]
         wrong, missing = [k for k in wrong if k not in head], [k for k in missing if k not in head]
     if wrong or missing or unexpected or not set(sd) & set(own):
-        raise UserError(_misfit(where, model, own, sd, wrong, missing, unexpected, meta))
+        raise UserError(_misfit(where, model, own, sd, wrong, missing, unexpected, meta).replace(
+            "fit MODEL.NAME", f"fit {keys[1]}", 1))
     if skipped:
         log.warning("%s: classifier left new for MODEL.NUM_CLASSES %d, skipped: %s", where,
                     _num_classes(model), "; ".join(skipped))

@@ -190,7 +190,8 @@ _C.DISTILL = CN()
 _C.DISTILL.TEACHER = ""
 # The teacher's weights: a local file (a runner checkpoint or a state_dict; never a download). "~" expanded
 _C.DISTILL.CHECKPOINT = ""
-# Weight of the distillation term: loss = (1 - ALPHA) * training loss + ALPHA * KL(student || teacher) * T^2
+# Weight of the distillation term: loss = (1 - ALPHA) * training loss + ALPHA * T^2 * KL(teacher || student)
+# (timm's LogitDistillationTask)
 _C.DISTILL.ALPHA = 0.5
 # Softmax temperature of both models' logits in the distillation term
 _C.DISTILL.TEMPERATURE = 1.0

@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from runner import distributed, runstate
 from runner.data import build_data
+from runner.distill import distillation_loss
 from runner.distributed import Dist
 from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Checkpointer, Hook, MetricLogger, Profiler
@@ -96,7 +97,7 @@ def build_step(cfg, dist: Dist, steps_per_epoch: int) -> TrainStep:
     no_sync = model.no_sync if dist.distributed and accum > 1 else nullcontext
     return TrainStep(model, optimizer, bare=bare, scheduler=scheduler, accum=accum, criterion=criterion,
                      mixup=mixup, autocast=autocast, scaler=scaler, clip=build_clip(cfg, bare), no_sync=no_sync,
-                     ema=ema)
+                     ema=ema, loss_fn=distillation_loss(cfg, model, criterion, dev))
 
 
 def build_loss(cfg):

@@ -24,14 +24,18 @@ class TrainStep:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, bare: nn.Module | None = None,
                  scheduler=None, accum: int = 1, criterion: Callable | None = None, mixup: Callable | None = None,
                  autocast: Callable = nullcontext, scaler: torch.amp.GradScaler | None = None,
-                 clip: Callable | None = None, no_sync: Callable = nullcontext, ema=None) -> None:
-        """`model` is what runs (DDP, compiled); `bare` the module whose weights are saved (default `model`)."""
+                 clip: Callable | None = None, no_sync: Callable = nullcontext, ema=None,
+                 loss_fn: Callable | None = None) -> None:
+        """`model` is what runs (DDP, compiled); `bare` the module whose weights are saved (default `model`);
+        `loss_fn(x, y)` the micro-batch's loss through `model` (default: `criterion(model(x), y)`; distillation's
+        adds the teacher's term)."""
         self.model = model
         self.bare = model if bare is None else bare
         self.optimizer = optimizer
         self.scheduler = ConstantLR() if scheduler is None else scheduler
         self.accum = accum
         self.criterion = nn.CrossEntropyLoss() if criterion is None else criterion
+        self.loss_fn = self._loss if loss_fn is None else loss_fn
         self.mixup = mixup
         self.autocast = autocast
         self.device = next(self.bare.parameters()).device
@@ -62,9 +66,13 @@ class TrainStep:
             x, y = self.mixup(x, y)
         with nullcontext() if sync else self.no_sync():
             with self.autocast():
-                loss = self.criterion(self.model(x), y) / self.accum
+                loss = self.loss_fn(x, y) / self.accum
             self.scaler.scale(loss).backward()
         return loss.detach()
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss of the model's output."""
+        return self.criterion(self.model(x), y)
 
     def _optimizer_step(self) -> None:
         """Clip, step, update EMA and LR; no host sync."""
