@@ -48,7 +48,8 @@ def _in_memory(cfg: Any, dist: Dist) -> DataBundle:
     dev = dist.device if cfg.DATA.ON_DEVICE else torch.device("cpu")
     xt, yt, xv, yv = (t.to(dev) for t in (xt, yt, xv, yv))
     common = dict(dist=dist, seed=cfg.SEED, channels_last=cfg.MODEL.CHANNELS_LAST)
-    train = DeviceLoader(xt, yt, cfg.DATA.BATCH_SIZE, train=True, shift=cfg.AUG.SHIFT, **common)
+    train = DeviceLoader(xt, yt, cfg.DATA.BATCH_SIZE, train=True, shift=cfg.AUG.SHIFT,
+                         accum=cfg.TRAIN.ACCUM_STEPS, repeats=cfg.DATA.REPEATED_AUG, **common)
     val = DeviceLoader(xv, yv, eval_batch_size(cfg), train=False, **common)
     if dev != dist.device:  # the copy keeps the memory format asked for (it made channels_last batches NCHW)
         train, val = (ToDevice(loader, dist.device, cfg.MODEL.CHANNELS_LAST) for loader in (train, val))

@@ -1,8 +1,11 @@
 """Loaders that resume at (epoch, position): the contract (ResumableLoader), the in-memory DeviceLoader, and
 the host-side pieces for image folders (ShardSampler, a DataLoader, ToDevice).
 
-The data order is a pure function of (SEED, epoch, rank, world size), so a resumed run continues at the
-exact next batch.
+Training order: one global sequence per epoch, a function of (SEED, epoch) alone (`global_order`); each
+optimizer step takes its next global batch (DATA.BATCH_SIZE x processes x TRAIN.ACCUM_STEPS), cut into
+processes x accumulation chunks of DATA.BATCH_SIZE (`rank_sequence`). Any layout of the same global batch (2
+processes, or 1 process accumulating 2 micro-batches) trains on the same chunks, so a run resumed on another
+number of processes continues at the exact next sample. Evaluation shards every sample exactly once.
 """
 from __future__ import annotations
 
@@ -25,9 +28,10 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class ResumableLoader(Protocol):
     """What the engine iterates: batches of (images, targets) already on the training device.
 
-    - `set_epoch(epoch, start_batch)` fixes the order of `epoch` and the position to start from. The order
-      depends on (SEED, epoch, rank, world size) only, never on what ran before in the process, so a run
-      stopped and resumed sees the same order.
+    - `set_epoch(epoch, start_batch)` fixes the order of `epoch` and the position to start from. Training
+      batches are chunks of one global order that depends on (SEED, epoch, DATA.REPEATED_AUG) only, never on
+      what ran before in the process nor on the number of processes (see `rank_sequence`), so a run stopped
+      and resumed, on the same or another layout of the same global batch, sees the same samples.
     - The position `start_batch` counts this rank's batches of the epoch already consumed (the engine's
       `batch_in_epoch`: micro-batches, not optimizer steps, under gradient accumulation). Iteration then
       yields batches start_batch .. len(loader) - 1: exactly what an uninterrupted iteration yields from
@@ -62,6 +66,33 @@ def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> torch.Ten
     return torch.randperm(n, generator=g)
 
 
+def global_order(n: int, seed: int, epoch: int, repeats: int = 1) -> torch.Tensor:
+    """The epoch's training sequence: every sample `repeats` times (DATA.REPEATED_AUG), its copies adjacent, in
+    an order that depends on (seed, epoch) only."""
+    order = epoch_permutation(n, seed, epoch, shuffle=True)
+    return order.repeat_interleave(repeats) if repeats > 1 else order
+
+
+def rank_sequence(order: torch.Tensor, batch: int, dist: Dist, accum: int = 1) -> torch.Tensor:
+    """This rank's samples of `order`, in the order it trains on them (whole global batches only).
+
+    Global batch s (`batch x world x accum` samples) is cut into world x accum strided chunks: chunk c takes
+    every (world x accum)-th sample from its c-th, so a sample's adjacent copies land in different chunks, and
+    micro-step a of rank r trains on chunk a x world + r. Two layouts with the same world x accum therefore
+    train on the same chunks in every step.
+    """
+    world = dist.world_size
+    steps = len(order) // (batch * world * accum)
+    chunks = order[: steps * batch * world * accum].view(steps, batch, accum, world)[:, :, :, dist.rank]
+    return chunks.permute(0, 2, 1).reshape(-1)
+
+
+def chunk_id(micro_batch: int, dist: Dist, accum: int) -> int:
+    """The global index of this rank's `micro_batch`-th chunk of the epoch (the same in every layout)."""
+    step, a = divmod(micro_batch, accum)
+    return (step * accum + a) * dist.world_size + dist.rank
+
+
 def shard(order: torch.Tensor, dist: Dist, drop_last: bool) -> torch.Tensor:
     """This rank's share: strided, so the ranks' batches at one step form the global batch.
 
@@ -80,13 +111,21 @@ def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def train_batches(n: int, batch: int, dist: Dist, accum: int) -> int:
+    """This rank's training batches in an epoch of `n` samples (copies counted): whole global batches only."""
+    return n // (batch * dist.world_size * accum) * accum
+
+
 class DeviceLoader:
     """Batches from tensors that live on the device: no DataLoader, no host copies, no workers."""
 
     def __init__(self, images: torch.Tensor, targets: torch.Tensor, batch_size: int, dist: Dist, *,
-                 train: bool, seed: int, shift: int = 0, channels_last: bool = False):
+                 train: bool, seed: int, shift: int = 0, channels_last: bool = False, accum: int = 1,
+                 repeats: int = 1):
+        """`accum` and `repeats` (TRAIN.ACCUM_STEPS, DATA.REPEATED_AUG) shape the training order only."""
         self.images, self.targets = images, targets
         self.batch_size, self.dist, self.train, self.seed = batch_size, dist, train, seed
+        self.accum, self.repeats = accum, repeats
         self.shift = shift if train else 0
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.epoch, self.start_batch = 0, 0
@@ -98,27 +137,36 @@ class DeviceLoader:
 
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank."""
-        n = len(shard(torch.empty(self.num_samples), self.dist, self.train))
-        return n // self.batch_size if self.train else -(-n // self.batch_size)
+        if self.train:
+            return train_batches(self.num_samples * self.repeats, self.batch_size, self.dist, self.accum)
+        return -(-len(shard(torch.empty(self.num_samples), self.dist, False)) // self.batch_size)
+
+    def _indices(self) -> torch.Tensor:
+        """This rank's samples of the epoch, in order (drawn on the CPU: the same whatever the device)."""
+        if self.train:
+            order = global_order(self.num_samples, self.seed, self.epoch, self.repeats)
+            return rank_sequence(order, self.batch_size, self.dist, self.accum)
+        return shard(torch.arange(self.num_samples), self.dist, False)
 
     def __iter__(self) -> Iterator[Batch]:
         """This rank's batches of the epoch from the start position, shifted (training) and in memory_format."""
-        # the order is drawn on the CPU by the seeded generator, so it is the same whatever the device
-        order = epoch_permutation(self.num_samples, self.seed, self.epoch, self.train)
-        idx = to_device_async(shard(order, self.dist, self.train), self.images.device)
+        idx = to_device_async(self._indices(), self.images.device)
         for b in range(self.start_batch, len(self)):
             sel = idx[b * self.batch_size : (b + 1) * self.batch_size]
             x = self.images.index_select(0, sel)
-            if self.shift:
-                x = random_shift(x, self.shift, epoch_seed(self.seed, self.epoch, b + 1 + self.dist.rank * 65_537))
+            if self.shift:  # seeded by the chunk: the same shifts for the same samples in any layout
+                x = random_shift(x, self.shift, epoch_seed(self.seed, self.epoch, 1 + chunk_id(b, self.dist,
+                                                                                               self.accum)))
             yield x.contiguous(memory_format=self.memory_format), self.targets.index_select(0, sel)
 
 
 class ShardSampler(torch.utils.data.Sampler):
     """Sampler with the same (seed, epoch) order and sharding as DeviceLoader, resumable mid-epoch."""
 
-    def __init__(self, n: int, dist: Dist, *, train: bool, seed: int, batch_size: int):
+    def __init__(self, n: int, dist: Dist, *, train: bool, seed: int, batch_size: int, accum: int = 1,
+                 repeats: int = 1):
         self.n, self.dist, self.train, self.seed, self.batch_size = n, dist, train, seed, batch_size
+        self.accum, self.repeats = accum, repeats
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
@@ -126,11 +174,11 @@ class ShardSampler(torch.utils.data.Sampler):
         self.epoch, self.start = epoch, start_batch * self.batch_size
 
     def _indices(self) -> torch.Tensor:
-        """This rank's samples of the epoch, whole batches only when training."""
-        idx = shard(epoch_permutation(self.n, self.seed, self.epoch, self.train), self.dist, self.train)
+        """This rank's samples of the epoch, whole global batches only when training."""
         if self.train:
-            idx = idx[: len(idx) // self.batch_size * self.batch_size]
-        return idx
+            order = global_order(self.n, self.seed, self.epoch, self.repeats)
+            return rank_sequence(order, self.batch_size, self.dist, self.accum)
+        return shard(torch.arange(self.n), self.dist, False)
 
     @property
     def num_batches(self) -> int:
@@ -191,7 +239,8 @@ def _seed_worker(worker_id: int) -> None:
 def host_loader(dataset: torch.utils.data.Dataset, cfg: Any, dist: Dist, *, batch_size: int,
                 train: bool) -> ToDevice:
     """A DataLoader with a resumable shard sampler, seeded workers, pinned memory and prefetch."""
-    sampler = ShardSampler(len(dataset), dist, train=train, seed=cfg.SEED, batch_size=batch_size)
+    sampler = ShardSampler(len(dataset), dist, train=train, seed=cfg.SEED, batch_size=batch_size,
+                           accum=cfg.TRAIN.ACCUM_STEPS, repeats=cfg.DATA.REPEATED_AUG)
     workers = default_workers(cfg, dist)
     g = torch.Generator().manual_seed(cfg.SEED + dist.rank)
     loader = torch.utils.data.DataLoader(

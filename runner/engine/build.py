@@ -149,7 +149,7 @@ def build_loop(cfg, dist: Dist, t_start: float) -> Trainer:
         total_steps = min(total_steps, cfg.TRAIN.MAX_STEPS)
     stepper = build_step(cfg, dist, steps_per_epoch)
     trainer = Trainer(stepper, data.train, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-                      t_start=t_start)
+                      t_start=t_start, samples_per_batch=cfg.DATA.BATCH_SIZE * dist.world_size)
     trainer.data = data
     return trainer
 

@@ -17,8 +17,10 @@ class Trainer:
     """Runs `stepper` over `loader` epoch after epoch, calling each hook around steps, epochs and the run."""
 
     def __init__(self, stepper: TrainStep, loader, hooks: Iterable[Hook] = (), *, steps_per_epoch: int,
-                 total_steps: int, t_start: float | None = None):
-        """`steps_per_epoch` optimizer steps use that many x accumulation batches of each epoch."""
+                 total_steps: int, t_start: float | None = None, samples_per_batch: int = 0):
+        """`steps_per_epoch` optimizer steps use that many x accumulation batches of each epoch;
+        `samples_per_batch`: samples of the global order one batch position of every rank consumes (batch x
+        processes), by which checkpoints count the position in samples (0: in this rank's batches only)."""
         self.stepper = stepper
         self.loader = loader
         self.hooks = list(hooks)
@@ -32,6 +34,7 @@ class Trainer:
         self.data_wait = 0.0  # seconds this process waited for batches
         self.results: dict = {}  # what train() returns; the status hook fills it
         self.on_close: list = []  # what close() releases (the run lock, the process group)
+        self.samples_per_batch = samples_per_batch
         self._batches: Iterator | None = None
 
     @property
@@ -112,6 +115,9 @@ class Trainer:
         """Everything needed to continue exactly: the position, the step's state and every hook's part."""
         state = {**self.stepper.state_dict(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                  "step": self.step}
+        if self.samples_per_batch:  # the layout-free position: a resume on another number of processes uses it
+            state["samples_in_epoch"] = self.batch_in_epoch * self.samples_per_batch
+            state["global_batch"] = self.samples_per_batch * self.stepper.accum
         for hook in self.hooks:
             state.update(hook.state_dict())
         return state
@@ -120,6 +126,8 @@ class Trainer:
         """Continue from a checkpoint: the step's state, the position, then every hook's part."""
         self.stepper.load_state_dict(state)
         self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+        if self.samples_per_batch and "samples_in_epoch" in state:
+            self.batch_in_epoch = state["samples_in_epoch"] // self.samples_per_batch
         for hook in self.hooks:
             hook.load_state_dict(state)
 

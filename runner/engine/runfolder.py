@@ -75,6 +75,7 @@ def resume(cfg, trainer: Trainer, found: tuple[str, dict] | None, status: RunSta
     if found is None:
         return
     path, state = found
+    check_global_batch(cfg, state, status.dist, path)
     trainer.load_state_dict(state)
     results = runstate.read_json(Path(cfg.OUTPUT_DIR) / "results.json")
     if trainer.at_end and results and results.get("status") == runstate.DONE:
@@ -82,6 +83,25 @@ def resume(cfg, trainer: Trainer, found: tuple[str, dict] | None, status: RunSta
         raise AlreadyDone(results, f"it ran {trainer.step} steps, as many as this config asks for", dist_main)
     log.info("resumed from %s: epoch %d, batch %d of the epoch, step %d", path, trainer.epoch + 1,
              trainer.batch_in_epoch, trainer.step)
+
+
+def check_global_batch(cfg, state: dict, dist: Dist, path: str) -> None:
+    """Refuse a resume whose global batch differs from the checkpoint's, naming a setting that keeps it."""
+    old = state.get("global_batch")
+    batch, world, accum = cfg.DATA.BATCH_SIZE, dist.world_size, cfg.TRAIN.ACCUM_STEPS
+    if old is None or old == batch * world * accum:
+        return
+    fixes = []
+    if old % (batch * world) == 0:
+        fixes.append(f"TRAIN.ACCUM_STEPS {old // (batch * world)}")
+    if old % (batch * accum) == 0:
+        fixes.append(f"{old // (batch * accum)} processes")
+    if old % (world * accum) == 0:
+        fixes.append(f"DATA.BATCH_SIZE {old // (world * accum)}")
+    fix = " or ".join(fixes) or f"settings whose product is {old}"
+    raise UserError(f"{path} was saved by a run with a global batch of {old} samples (DATA.BATCH_SIZE x processes x "
+                    f"TRAIN.ACCUM_STEPS) but this one has {batch} x {world} x {accum} = {batch * world * accum}; the "
+                    f"run continues exactly only with the same global batch: use {fix}")
 
 
 def write_run_files(cfg, dist: Dist, class_names: list[str]) -> None:
