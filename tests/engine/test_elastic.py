@@ -1,0 +1,91 @@
+"""Resumes on another number of processes (same global batch), and DATA.REPEATED_AUG killed and resumed: the real
+tools/train.py and torchrun (gloo) on CPU."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.engine.test_resume import Launch, assert_same_run, train_rows
+from tests.utils import ROOT, TRAIN, assert_user_error, run_tool, torchrun
+
+DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
+# No dropout nor mixup: two layouts of one global batch then differ only in the order of their sums
+BASE = ["--cfg", DIGITS, "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "32",
+        "TRAIN.EPOCHS", "2", "DATA.NUM_WORKERS", "0", "LOG.PERIOD", "1", "LOG.PROGRESS", "plain"]
+STEPS = 2 * (1437 // 64)  # two epochs of global batches of 64
+
+
+def argv(out: Path, procs: int, *extra: str) -> list[str]:
+    """The BASE run in `out` on `procs` processes (torchrun when 2), with `extra` settings."""
+    cmd = [TRAIN, *BASE, *extra, "OUTPUT_DIR", str(out)]
+    return torchrun(["--standalone", f"--nproc_per_node={procs}", *cmd]) if procs > 1 else [sys.executable, *cmd]
+
+
+def accum_for(procs: int) -> list[str]:
+    """TRAIN.ACCUM_STEPS that keeps the global batch at 64 on `procs` processes."""
+    return ["TRAIN.ACCUM_STEPS", str(2 // procs)]
+
+
+def losses(out: Path) -> list[float]:
+    """The training loss of every step."""
+    rows = train_rows(out)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    return [r["train/loss"] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The 2-process run left alone."""
+    out = tmp_path_factory.mktemp("elastic") / "ref"
+    run = Launch(argv(out, 2), out.parent, "ref")
+    assert run.finish() == 0, run.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+def test_resume_on_another_number_of_processes(reference, tmp_path, before, after):
+    out = tmp_path / "run"
+    first = Launch(argv(out, before, *accum_for(before)), tmp_path, "first")
+    first.wait_step(9)
+    first.p.send_signal(signal.SIGTERM)
+    rc = first.finish(60)
+    assert rc == 75 if before == 1 else rc != 0, first.stderr[-3000:]  # torchrun itself exits 1 on SIGTERM
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "preempted", status
+    saved = status["step"]
+    if after == 1:  # one process without accumulation: a global batch of 32, not 64
+        refused = run_tool(TRAIN, [*BASE, "OUTPUT_DIR", str(out)], timeout=120)
+        assert_user_error(refused, "global batch of 64", "32 x 1 x 1 = 32", "TRAIN.ACCUM_STEPS 2")
+    second = Launch(argv(out, after, *accum_for(after)), tmp_path, "second")
+    assert second.finish() == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout
+    got, want = losses(out), losses(reference)
+    if before == 2:  # up to the kill it is the reference's own command
+        assert got[:saved] == want[:saved]
+    # after the resume only the summation order differs (gradients averaged by DDP or summed by accumulation)
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procs", [1, 2])
+def test_repeated_augmentation_resumes_exactly(tmp_path, procs):
+    extra = ["DATA.REPEATED_AUG", "3", "TRAIN.EPOCHS", "1", "TRAIN.EMA", "true", "TRAIN.EMA_DECAY", "0.9",
+             "MODEL.DROP_RATE", "0.2"]
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    alone = Launch(argv(ref, procs, *extra), tmp_path, "ref")
+    assert alone.finish() == 0, alone.stderr[-3000:]
+    assert f"1 epochs x {3 * 1437 // (32 * procs)} steps" in alone.stdout  # three passes in the epoch
+    first = Launch(argv(out, procs, *extra), tmp_path, "first")
+    first.wait_step(30)
+    first.p.send_signal(signal.SIGTERM)
+    rc = first.finish(60)
+    assert rc == 75 if procs == 1 else rc != 0, first.stderr[-3000:]  # torchrun itself exits 1 on SIGTERM
+    assert json.loads((out / "run.json").read_text())["status"] == "preempted"
+    second = Launch(argv(out, procs, *extra), tmp_path, "second")
+    assert second.finish() == 0, second.stderr[-3000:]
+    assert_same_run(out, ref)
