@@ -164,9 +164,10 @@ class ShardSampler(torch.utils.data.Sampler):
     """Sampler with the same (seed, epoch) order and sharding as DeviceLoader, resumable mid-epoch."""
 
     def __init__(self, n: int, dist: Dist, *, train: bool, seed: int, batch_size: int, accum: int = 1,
-                 repeats: int = 1):
+                 repeats: int = 1, seeded: bool = False):
+        """`seeded`: training yields (index, seed) pairs, for a dataset that seeds its transforms with them."""
         self.n, self.dist, self.train, self.seed, self.batch_size = n, dist, train, seed, batch_size
-        self.accum, self.repeats = accum, repeats
+        self.accum, self.repeats, self.seeded = accum, repeats, seeded
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
@@ -186,9 +187,15 @@ class ShardSampler(torch.utils.data.Sampler):
         n = len(self._indices())
         return n // self.batch_size if self.train else -(-n // self.batch_size)
 
-    def __iter__(self) -> Iterator[int]:
-        """Sample indices from the start position."""
-        return iter(self._indices()[self.start :].tolist())
+    def __iter__(self) -> Iterator[int] | Iterator[tuple[int, int]]:
+        """Sample indices from the start position; when training a `seeded` sampler, (index, seed of its random
+        transforms), the seed a function of (SEED, epoch, the sample's position in the global order)."""
+        if not (self.train and self.seeded):
+            return iter(self._indices()[self.start :].tolist())
+        positions = rank_sequence(torch.arange(self.n * self.repeats), self.batch_size, self.dist, self.accum)
+        order = global_order(self.n, self.seed, self.epoch, self.repeats)
+        return ((int(order[p]), epoch_seed(self.seed, self.epoch, 1 + int(p)) % 2**63)
+                for p in positions[self.start :])
 
     def __len__(self) -> int:
         """Samples left from the start position."""
@@ -240,7 +247,8 @@ def host_loader(dataset: torch.utils.data.Dataset, cfg: Any, dist: Dist, *, batc
                 train: bool) -> ToDevice:
     """A DataLoader with a resumable shard sampler, seeded workers, pinned memory and prefetch."""
     sampler = ShardSampler(len(dataset), dist, train=train, seed=cfg.SEED, batch_size=batch_size,
-                           accum=cfg.TRAIN.ACCUM_STEPS, repeats=cfg.DATA.REPEATED_AUG)
+                           accum=cfg.TRAIN.ACCUM_STEPS, repeats=cfg.DATA.REPEATED_AUG,
+                           seeded=getattr(dataset, "takes_seeds", False))
     workers = default_workers(cfg, dist)
     g = torch.Generator().manual_seed(cfg.SEED + dist.rank)
     loader = torch.utils.data.DataLoader(

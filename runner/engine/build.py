@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from runner import distributed, runstate
 from runner.data import build_data
+from runner.data.loaders import epoch_seed
 from runner.distill import distillation_loss
 from runner.distributed import Dist
 from runner.engine.evaluation import Evaluator
@@ -54,6 +55,13 @@ def set_seeds(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def seed_micro_step(seed: int, rank: int, world: int, step: int, micro: int) -> None:
+    """Seed every generator for one micro-step from (SEED, step, chunk): the chunk (micro x world + rank) is the
+    part of the global batch it trains on in every layout, so dropout and mixup draw alike on 2 processes or on 1
+    accumulating 2, ranks draw differently, and a resumed run draws as one left alone."""
+    set_seeds(epoch_seed(seed, step, 1 + micro * world + rank))
 
 
 def configure_backends(cfg, device: torch.device) -> None:
@@ -97,7 +105,8 @@ def build_step(cfg, dist: Dist, steps_per_epoch: int) -> TrainStep:
     no_sync = model.no_sync if dist.distributed and accum > 1 else nullcontext
     return TrainStep(model, optimizer, bare=bare, scheduler=scheduler, accum=accum, criterion=criterion,
                      mixup=mixup, autocast=autocast, scaler=scaler, clip=build_clip(cfg, bare), no_sync=no_sync,
-                     ema=ema, loss_fn=distillation_loss(cfg, model, criterion, dev))
+                     ema=ema, loss_fn=distillation_loss(cfg, model, criterion, dev),
+                     reseed=partial(seed_micro_step, cfg.SEED, dist.rank, dist.world_size))
 
 
 def build_loss(cfg):

@@ -25,10 +25,11 @@ class TrainStep:
                  scheduler=None, accum: int = 1, criterion: Callable | None = None, mixup: Callable | None = None,
                  autocast: Callable = nullcontext, scaler: torch.amp.GradScaler | None = None,
                  clip: Callable | None = None, no_sync: Callable = nullcontext, ema=None,
-                 loss_fn: Callable | None = None) -> None:
+                 loss_fn: Callable | None = None, reseed: Callable[[int, int], None] | None = None) -> None:
         """`model` is what runs (DDP, compiled); `bare` the module whose weights are saved (default `model`);
         `loss_fn(x, y)` the micro-batch's loss through `model` (default: `criterion(model(x), y)`; distillation's
-        adds the teacher's term)."""
+        adds the teacher's term); `reseed(step, micro_step)` seeds the random draws of each micro-step (dropout,
+        drop-path, mixup), so they follow the step and not what ran before in the process."""
         self.model = model
         self.bare = model if bare is None else bare
         self.optimizer = optimizer
@@ -36,6 +37,8 @@ class TrainStep:
         self.accum = accum
         self.criterion = nn.CrossEntropyLoss() if criterion is None else criterion
         self.loss_fn = self._loss if loss_fn is None else loss_fn
+        self.reseed = reseed
+        self.micro = 0  # micro-steps of the optimizer step in progress
         self.mixup = mixup
         self.autocast = autocast
         self.device = next(self.bare.parameters()).device
@@ -51,10 +54,14 @@ class TrainStep:
 
     def train_batch(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> bool:
         """One micro-batch, and the optimizer step when `last` completes an accumulation; True if it stepped."""
+        if self.reseed is not None:
+            self.reseed(self.step, self.micro)
         loss = self._micro_step(x, y, sync=last)
         self.step_loss = loss if self.step_loss is None else self.step_loss + loss
         if not last:
+            self.micro += 1
             return False
+        self.micro = 0
         self._optimizer_step()
         self._track_loss(self.step_loss)
         self.step_loss = None

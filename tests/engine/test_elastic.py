@@ -8,14 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from runner.engine.build import seed_micro_step
+from tests.data.fixtures import export_digits_jpegs
 from tests.engine.test_resume import Launch, assert_same_run, train_rows
 from tests.utils import ROOT, TRAIN, assert_user_error, run_tool, torchrun
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
-# No dropout nor mixup: two layouts of one global batch then differ only in the order of their sums
+# Dropout, mixup and shifts draw per chunk of the global batch (not per process), so two layouts of one global
+# batch differ only in the order of their sums
 BASE = ["--cfg", DIGITS, "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "32",
-        "TRAIN.EPOCHS", "2", "DATA.NUM_WORKERS", "0", "LOG.PERIOD", "1", "LOG.PROGRESS", "plain"]
+        "TRAIN.EPOCHS", "2", "DATA.NUM_WORKERS", "0", "LOG.PERIOD", "1", "LOG.PROGRESS", "plain",
+        "MODEL.DROP_RATE", "0.2", "AUG.MIXUP", "0.2"]
 STEPS = 2 * (1437 // 64)  # two epochs of global batches of 64
 
 
@@ -74,8 +79,7 @@ def test_resume_on_another_number_of_processes(reference, tmp_path, before, afte
 @pytest.mark.slow
 @pytest.mark.parametrize("procs", [1, 2])
 def test_repeated_augmentation_resumes_exactly(tmp_path, procs):
-    extra = ["DATA.REPEATED_AUG", "3", "TRAIN.EPOCHS", "1", "TRAIN.EMA", "true", "TRAIN.EMA_DECAY", "0.9",
-             "MODEL.DROP_RATE", "0.2"]
+    extra = ["DATA.REPEATED_AUG", "3", "TRAIN.EPOCHS", "1", "TRAIN.EMA", "true", "TRAIN.EMA_DECAY", "0.9"]
     ref, out = tmp_path / "ref", tmp_path / "out"
     alone = Launch(argv(ref, procs, *extra), tmp_path, "ref")
     assert alone.finish() == 0, alone.stderr[-3000:]
@@ -87,5 +91,32 @@ def test_repeated_augmentation_resumes_exactly(tmp_path, procs):
     assert rc == 75 if procs == 1 else rc != 0, first.stderr[-3000:]  # torchrun itself exits 1 on SIGTERM
     assert json.loads((out / "run.json").read_text())["status"] == "preempted"
     second = Launch(argv(out, procs, *extra), tmp_path, "second")
+    assert second.finish() == 0, second.stderr[-3000:]
+    assert_same_run(out, ref)
+
+
+def test_micro_step_seeds_follow_the_chunk():
+    def draws(rank: int, world: int, micro: int) -> torch.Tensor:
+        seed_micro_step(0, rank, world, 5, micro)
+        return torch.rand(4)
+
+    assert torch.equal(draws(1, 2, 0), draws(0, 1, 1))  # chunk 1 of step 5: rank 1 of 2, or micro-step 1 of 1
+    assert not torch.equal(draws(0, 2, 0), draws(1, 2, 0))  # ranks draw differently
+    assert not torch.equal(draws(0, 1, 0), (seed_micro_step(0, 0, 1, 6, 0), torch.rand(4))[1])  # and steps
+
+
+@pytest.mark.slow
+def test_folder_run_with_workers_resumes_exactly(tmp_path):
+    root = export_digits_jpegs(tmp_path / "jpegs", size=24, per_class=30)
+    extra = ["DATA.NAME", "folder", "DATA.ROOT", str(root), "DATA.NUM_WORKERS", "2", "TRAIN.EMA", "true",
+             "AUG.SCALE", "[0.5, 1.0]"]
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    alone = Launch(argv(ref, 1, *extra), tmp_path, "ref")
+    assert alone.finish() == 0, alone.stderr[-3000:]
+    first = Launch(argv(out, 1, *extra), tmp_path, "first")
+    first.wait_step(4)
+    first.p.send_signal(signal.SIGTERM)
+    assert first.finish(60) == 75, first.stderr[-3000:]
+    second = Launch(argv(out, 1, *extra), tmp_path, "second")
     assert second.finish() == 0, second.stderr[-3000:]
     assert_same_run(out, ref)

@@ -41,7 +41,7 @@ def rank_files(root: Path, rank: int, world: int, count: int) -> list[str]:
     sampler = _sampler(data.train)
     sampler.set_epoch(0, 0)
     dataset = data.train.loader.dataset
-    return [dataset.samples[i][0] for i in list(iter(sampler))[:count]]
+    return [dataset.samples[i[0] if isinstance(i, tuple) else i][0] for i in list(iter(sampler))[:count]]
 
 
 @pytest.mark.slow

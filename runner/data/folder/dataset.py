@@ -3,9 +3,11 @@ Dataset that skips files that go bad during training, within DATA.BAD_FILE_BUDGE
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from timm.data import auto_augment, create_transform
@@ -110,6 +112,13 @@ def build_transform(cfg: Any, is_training: bool) -> transforms.Compose:
 # ---------------------------------------------------------------------------------------------------------
 # Dataset
 # ---------------------------------------------------------------------------------------------------------
+def seed_generators(seed: int) -> None:
+    """Seed python's, numpy's and torch's generators, which timm's and torchvision's transforms draw from."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 class FolderDataset(Dataset):
     """(path, class index) samples decoded through `transform`, giving (CHW float tensor, int target).
 
@@ -118,6 +127,8 @@ class FolderDataset(Dataset):
     the total; once `known_bad` (files the scan rejected) plus those pass `budget` of the split, UserError
     is raised.
     """
+
+    takes_seeds = True  # the sampler may hand (index, seed) pairs: see __getitem__
 
     def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable, budget: float = 0.01,
                  known_bad: int = 0, split: str = "train"):
@@ -134,8 +145,13 @@ class FolderDataset(Dataset):
         """Samples in the split."""
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        """The transformed image and target at `index`, or at the next index that decodes."""
+    def __getitem__(self, index: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+        """The transformed image and target at `index`, or at the next index that decodes; `(index, seed)` seeds
+        the random transforms first (training: the same crops for the same sample in the same epoch, whichever
+        worker, process or resume draws them)."""
+        if isinstance(index, tuple):
+            index, seed = index
+            seed_generators(seed)
         n = len(self.samples)
         for k in range(n):
             path, target = self.samples[(index + k) % n]
