@@ -57,11 +57,17 @@ def set_seeds(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def seed_micro_step(seed: int, rank: int, world: int, step: int, micro: int) -> None:
+def seed_micro_step(seed: int, dist: Dist, step: int, micro: int) -> None:
     """Seed every generator for one micro-step from (SEED, step, chunk): the chunk (micro x world + rank) is the
     part of the global batch it trains on in every layout, so dropout and mixup draw alike on 2 processes or on 1
     accumulating 2, ranks draw differently, and a resumed run draws as one left alone."""
-    set_seeds(epoch_seed(seed, step, 1 + micro * world + rank))
+    s = epoch_seed(seed, step, 1 + micro * dist.world_size + dist.rank)
+    random.seed(s)
+    np.random.seed(s % 2**32)
+    # the generators themselves: torch.manual_seed visits every device type's hooks (0.11 ms against 2 us here)
+    torch.default_generator.manual_seed(s)
+    if dist.device.type == "cuda":
+        torch.cuda.default_generators[dist.device.index or 0].manual_seed(s)
 
 
 def configure_backends(cfg, device: torch.device) -> None:
@@ -106,7 +112,7 @@ def build_step(cfg, dist: Dist, steps_per_epoch: int) -> TrainStep:
     return TrainStep(model, optimizer, bare=bare, scheduler=scheduler, accum=accum, criterion=criterion,
                      mixup=mixup, autocast=autocast, scaler=scaler, clip=build_clip(cfg, bare), no_sync=no_sync,
                      ema=ema, loss_fn=distillation_loss(cfg, model, criterion, dev),
-                     reseed=partial(seed_micro_step, cfg.SEED, dist.rank, dist.world_size))
+                     reseed=partial(seed_micro_step, cfg.SEED, dist))
 
 
 def build_loss(cfg):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runner.distributed import Dist
 from runner.engine.build import seed_micro_step
 from tests.data.fixtures import export_digits_jpegs
 from tests.engine.test_resume import Launch, assert_same_run, train_rows
@@ -96,13 +97,13 @@ def test_repeated_augmentation_resumes_exactly(tmp_path, procs):
 
 
 def test_micro_step_seeds_follow_the_chunk():
-    def draws(rank: int, world: int, micro: int) -> torch.Tensor:
-        seed_micro_step(0, rank, world, 5, micro)
+    def draws(rank: int, world: int, micro: int, step: int = 5) -> torch.Tensor:
+        seed_micro_step(0, Dist(rank, world, rank, torch.device("cpu")), step, micro)
         return torch.rand(4)
 
     assert torch.equal(draws(1, 2, 0), draws(0, 1, 1))  # chunk 1 of step 5: rank 1 of 2, or micro-step 1 of 1
     assert not torch.equal(draws(0, 2, 0), draws(1, 2, 0))  # ranks draw differently
-    assert not torch.equal(draws(0, 1, 0), (seed_micro_step(0, 0, 1, 6, 0), torch.rand(4))[1])  # and steps
+    assert not torch.equal(draws(0, 1, 0), draws(0, 1, 0, step=6))  # and steps
 
 
 @pytest.mark.slow
