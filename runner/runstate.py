@@ -16,15 +16,15 @@ from runner.fsutil import atomic_write
 from runner.lock import LOCK_NAME, is_holder_text, refuse_if_locked
 
 # OUTPUT_DIR/run.json "status" values; results.json exists only for "done".
-RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED = (
-    "running", "done", "failed", "preempted", "nonfinite", "profiled", "interrupted")
+RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG = (
+    "running", "done", "failed", "preempted", "nonfinite", "profiled", "interrupted", "hung")
 
 
 # run.json's "format": the marker that says a folder is a run of ours and may be written into
 RUN_FORMAT = "runner-run/1"
 # what an earlier version's run.json held (no "format" yet); still recognised as ours
 _LEGACY_RUN_KEYS = {"status", "pid", "host", "updated"}
-_STATUSES = {RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED}
+_STATUSES = {RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG}
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:

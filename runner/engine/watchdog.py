@@ -29,7 +29,6 @@ from runner.sinks import log_to_file
 
 log = logging.getLogger("runner")
 
-HUNG = "hung"  # run.json status of a job the watchdog ended; it resumes like a preempted one
 TICK = 1.0  # seconds between heartbeats
 SETUP_ALLOWANCE = 600.0  # before this process's first step (set-up, resume, the first batch) the limit is at least this
 AUTO_MIN, AUTO_FACTOR = 300.0, 20  # DIST.HANG_TIMEOUT_S -1: max(AUTO_MIN, AUTO_FACTOR x the slowest step so far)
@@ -273,10 +272,10 @@ class Watchdog(Hook):
         """run.json `hung` with the step and the frozen ranks; the line on stderr and in log.txt."""
         extra = {"step": self.step, "hung_ranks": frozen, "error": text[:500]}
         if self.dist.is_main and self.status is not None:
-            self.status.write(HUNG, **extra)
+            self.status.write(runstate.HUNG, **extra)
             log_to_file(text)
         elif runstate.is_our_run(self.out):  # rank 0 froze: the lowest live rank writes in its place
-            runstate.write_status(str(self.out), HUNG, **extra)
+            runstate.write_status(str(self.out), runstate.HUNG, **extra)
         print(text, file=sys.stderr, flush=True)
 
     def _dump(self) -> None:
