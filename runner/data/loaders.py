@@ -193,9 +193,10 @@ class ShardSampler(torch.utils.data.Sampler):
         if not (self.train and self.seeded):
             return iter(self._indices()[self.start :].tolist())
         positions = rank_sequence(torch.arange(self.n * self.repeats), self.batch_size, self.dist, self.accum)
+        positions = positions[self.start :]
         order = global_order(self.n, self.seed, self.epoch, self.repeats)
-        return ((int(order[p]), epoch_seed(self.seed, self.epoch, 1 + int(p)) % 2**63)
-                for p in positions[self.start :])
+        samples, where = order[positions].tolist(), positions.tolist()
+        return ((i, epoch_seed(self.seed, self.epoch, 1 + p)) for i, p in zip(samples, where, strict=True))
 
     def __len__(self) -> int:
         """Samples left from the start position."""
