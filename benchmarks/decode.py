@@ -2,7 +2,7 @@
 
     python -m benchmarks.decode [--root DIR] [--images 600] [--repeats 3] [--parts transforms,decode,loader]
 
-(run from the repository root, as a module: the digits export is the tests' fixture, tests.data.fixtures)
+(run from the repository root, as a module; it needs the installed runner, not tests/)
 
 Data (written under --root on the first run): scikit-learn's digits exported as 224 px JPEGs (1,797 files) and
 scikit-learn's two sample photos (640x427 JPEGs) copied 64 times each. Every pipeline runs in this one process
@@ -33,7 +33,7 @@ from runner.data.folder import (
     speed_up,
     timm_transform,
 )
-from tests.data.fixtures import export_digits_jpegs
+from runner.data.memory import export_digits_jpegs
 
 # (data set, output size) cases: the digits config size, the ImageNet size, and a low-resolution size
 CASES = [("digits", 32), ("digits", 224), ("photos", 224), ("photos", 128)]
