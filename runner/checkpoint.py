@@ -183,7 +183,7 @@ def restore_rng(saved: list[dict] | dict, dist: Dist) -> None:
     if dist.rank < len(saved):
         _set_own_rng(saved[dist.rank], dist.device)
     if dist.is_main and len(saved) != dist.world_size:
-        log.warning("%s", rng_mismatch(len(saved), dist.world_size))
+        log.info("%s", rng_mismatch(len(saved), dist.world_size))
 
 
 def rng_mismatch(saved: int, world: int) -> str:
@@ -193,8 +193,8 @@ def rng_mismatch(saved: int, world: int) -> str:
     rest = (f"the other {saved - world} saved states are unused" if saved > world else
             f"{_ranks(saved, world - 1)} {'keeps its' if world - saved == 1 else 'keep their'} seeded generators")
     return (f"the checkpoint holds the RNG states of {saved} process{'es' if saved != 1 else ''} and this run has "
-            f"{world}: {restored}, {rest}; random draws (dropout, drop-path, augmentation) differ from an "
-            "uninterrupted run")
+            f"{world}: {restored}, {rest}; random draws (dropout, drop-path, mixup, augmentation) are seeded per "
+            "step, chunk of the global batch and sample, so they are those of an uninterrupted run")
 
 
 def _ranks(first: int, last: int) -> str:

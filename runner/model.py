@@ -406,10 +406,19 @@ def prepare_model(model: nn.Module, cfg, dist: Dist) -> tuple[nn.Module, nn.Modu
         model = DDP(
             model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None,
             gradient_as_bucket_view=True, static_graph=False,
-            find_unused_parameters=cfg.DIST.FIND_UNUSED_PARAMETERS,
-            broadcast_buffers=cfg.DIST.BROADCAST_BUFFERS, bucket_cap_mb=cfg.DIST.BUCKET_CAP_MB,
+            find_unused_parameters=cfg.DIST.FIND_UNUSED_PARAMETERS, bucket_cap_mb=cfg.DIST.BUCKET_CAP_MB,
+            **{_buffer_sync_argument(DDP): cfg.DIST.BROADCAST_BUFFERS},
         )
     return compiler(cfg)(model), bare
+
+
+def _buffer_sync_argument(ddp: type) -> str:
+    """DDP's name for "sync buffers from rank 0 every forward": forward_sync_buffers where torch has it (it
+    deprecates broadcast_buffers with a FutureWarning per process), broadcast_buffers on older torch."""
+    import inspect
+
+    new = "forward_sync_buffers"
+    return new if new in inspect.signature(ddp).parameters else "broadcast_buffers"
 
 
 def compiler(cfg) -> Callable[[nn.Module], nn.Module]:

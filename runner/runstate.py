@@ -93,6 +93,20 @@ def check_output_dir(cfg) -> None:
         raise UserError(f"OUTPUT_DIR {out} is not empty and holds no run of ours (found {shown}; no run.json "
                         "from this runner); nothing was written there: choose a new or empty folder")
     _refuse_mixing(cfg, out)
+    _refuse_another_config(cfg, out)
+
+
+def _refuse_another_config(cfg, out: Path) -> None:
+    """A run-changing config on a folder whose run has no checkpoint yet (killed or failed early) but had another.
+
+    With a checkpoint, claiming the folder compares the checkpoint's own config (and names the file).
+    """
+    stored, ckpts = out / "config.yaml", out / "checkpoints"
+    if ckpts.is_dir() and any(p.suffix == ".pth" for p in ckpts.iterdir()):
+        return
+    if stored.is_file() and is_our_run(out):
+        state = "finished" if (out / "results.json").exists() else "unfinished"
+        refuse_changed(cfg, stored.read_text(), f"of the {state} run in {out}")
 
 
 def _refuse_unmakeable(out: Path) -> None:
@@ -138,7 +152,7 @@ def refuse_changed(cfg, stored_yaml: str, where: str) -> None:
     if changed:
         raise UserError(
             f"the config differs from the one {where} in keys that change the run ({'; '.join(changed)}); "
-            "use another OUTPUT_DIR, or CHECKPOINT.RESUME none to start over"
+            "two runs never share a folder: use another OUTPUT_DIR, or delete that folder to start over"
         )
 
 

@@ -110,7 +110,7 @@ def test_resume_on_another_number_of_processes_says_so(saved, world, caplog):
     for rank in range(world):
         torch.manual_seed(7)
         before = torch.get_rng_state()
-        with caplog.at_level(logging.WARNING, logger="runner"):
+        with caplog.at_level(logging.INFO, logger="runner"):
             checkpoint.restore_rng(states, Dist(rank, world, rank, CPU))
         if rank < saved:
             assert draws() == nexts[rank]
@@ -118,6 +118,7 @@ def test_resume_on_another_number_of_processes_says_so(saved, world, caplog):
             assert torch.equal(torch.get_rng_state(), before)  # left as seeded
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and f"RNG states of {saved} process" in lines[0] and f"this run has {world}" in lines[0]
+    assert "those of an uninterrupted run" in lines[0] and caplog.records[0].levelno == logging.INFO  # nothing lost
 
 
 def test_older_checkpoints_still_restore():

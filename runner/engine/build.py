@@ -36,7 +36,7 @@ from runner.engine.loop import Trainer
 from runner.engine.runfolder import AlreadyDone, claim_output_dir, resume, write_run_files
 from runner.engine.signals import Preemption, Stamp, StopFlag, TimeLimit, process_started
 from runner.engine.status import RunStatus
-from runner.engine.step import TrainStep
+from runner.engine.step import CanonicalNormStats, TrainStep
 from runner.engine.watchdog import Watchdog, job_board, relay_failure
 from runner.errors import UserError
 from runner.lock import RunLock
@@ -112,7 +112,8 @@ def build_step(cfg, dist: Dist, steps_per_epoch: int) -> TrainStep:
     return TrainStep(model, optimizer, bare=bare, scheduler=scheduler, accum=accum, criterion=criterion,
                      mixup=mixup, autocast=autocast, scaler=scaler, clip=build_clip(cfg, bare), no_sync=no_sync,
                      ema=ema, loss_fn=distillation_loss(cfg, model, criterion, dev),
-                     reseed=partial(seed_micro_step, cfg.SEED, dist))
+                     reseed=partial(seed_micro_step, cfg.SEED, dist),
+                     norm_stats=CanonicalNormStats(bare, dist.rank) if dist.world_size * accum > 1 else None)
 
 
 def build_loss(cfg):
@@ -258,11 +259,14 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -
     status = RunStatus(out, dist, t_start, epochs=cfg.TRAIN.EPOCHS, max_steps=cfg.TRAIN.MAX_STEPS,
                        hparams=run_hparams(cfg, list(hparam_keys or [])))
     setup_logging(None, dist.rank)  # the console only, until the folder is known to be ours
-    done, found = claim_output_dir(cfg, dist, control, lock, status)
+    done, found, attempt = claim_output_dir(cfg, dist, control, lock, status)
     if done is not None:
         lock.release()
         raise AlreadyDone(*done, dist.is_main)
     setup_logging(str(out) if dist.is_main else None, dist.rank)
+    if attempt:
+        log.info("OUTPUT_DIR %s holds %s of this same config but no checkpoint: starting over (metrics.jsonl "
+                 "and TensorBoard restart at step 1; log.txt keeps the earlier lines above this one)", out, attempt)
     watchdog = Watchdog(cfg.DIST.HANG_TIMEOUT_S, out, dist, job_board(dist), status)
     watchdog.start()  # set-up and the first batch are watched too (with a longer allowance)
     trainer = None

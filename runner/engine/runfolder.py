@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from runner import checkpoint as ckpt
@@ -11,7 +12,7 @@ from runner.engine.loop import Trainer
 from runner.engine.status import RunStatus
 from runner.errors import UserError
 from runner.fsutil import atomic_write, remove_stale_temps
-from runner.lock import RunLock
+from runner.lock import LOCK_NAME, RunLock
 
 log = logging.getLogger("runner")
 
@@ -28,22 +29,26 @@ class AlreadyDone(Exception):
 def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus):
     """Rank 0 checks OUTPUT_DIR, locks it and marks it as this run's; every rank learns the verdict.
 
-    Returns (a finished run's (results, why) or None, the checkpoint rank 0 will resume from or None).
+    Returns (a finished run's (results, why) or None, the checkpoint rank 0 will resume from or None, what an
+    earlier attempt without a checkpoint left: '' or a few words). A refusal leaves the folder as it was.
     """
     verdict: tuple = ("go", None)
-    failure, found = None, None
+    failure, found, attempt = None, None, ""
     if dist.is_main:
+        undo = _Undo(Path(cfg.OUTPUT_DIR))
         try:
             runstate.check_output_dir(cfg)  # again: the folder may have changed since tools/train.py
             lock.acquire()
             done = runstate.finished_run(cfg)  # under the lock: no other job is writing results now
-            remove_stale_temps(Path(cfg.OUTPUT_DIR))
             if done is None:
-                found = find_checkpoint(cfg)  # a run-changing config is refused before any write
+                found = find_checkpoint(cfg, dist.world_size)  # a run-changing config is refused before any write
+                attempt = "" if found is not None else _earlier_attempt(Path(cfg.OUTPUT_DIR))
+                remove_stale_temps(Path(cfg.OUTPUT_DIR))
                 runstate.write_status(cfg.OUTPUT_DIR, runstate.RUNNING)
                 status.claimed = True
             verdict = ("go", None) if done is None else ("done", done)
         except UserError as e:
+            undo(lock)
             verdict = ("error", str(e))
         except Exception as e:  # the other ranks must not wait for a verdict that never comes
             verdict, failure = ("failed", f"{type(e).__name__}: {e}"), e
@@ -54,10 +59,45 @@ def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus)
         raise UserError(payload)
     if kind == "failed":
         raise RuntimeError(f"rank 0 could not take OUTPUT_DIR {cfg.OUTPUT_DIR}: {payload}")
-    return payload, found
+    return payload, found, attempt
 
 
-def find_checkpoint(cfg) -> tuple[str, dict] | None:
+def _earlier_attempt(out: Path) -> str:
+    """What an attempt that saved no checkpoint left in `out` (its config was checked to be this one); '' if none."""
+    return runstate.has_run_data(out) or ("an earlier attempt's config.yaml" if (out / "config.yaml").is_file() else "")
+
+
+class _Undo:
+    """What taking the lock changes, put back when the claim is refused: the lock file's text, a new folder."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.made = out  # the topmost folder that taking the lock would create
+        while not self.made.parent.exists() and self.made.parent != self.made:
+            self.made = self.made.parent
+        lock_file = out / LOCK_NAME
+        self.lock_text = lock_file.read_bytes() if lock_file.is_file() else None
+        self.existed = self.made.exists()
+
+    def __call__(self, lock: RunLock) -> None:
+        """Give the folder back as it was before this command."""
+        lock_file = self.out / LOCK_NAME
+        try:
+            if self.lock_text is not None and lock.fd is not None:
+                os.ftruncate(lock.fd, 0)
+                os.pwrite(lock.fd, self.lock_text, 0)
+            lock.release()
+            if not self.existed:
+                lock_file.unlink(missing_ok=True)
+                for folder in [self.out, *self.out.parents]:  # only the empty folders this command made
+                    folder.rmdir()
+                    if folder == self.made:
+                        break
+        except OSError:  # not ours to clean any further (another job took the folder meanwhile)
+            pass
+
+
+def find_checkpoint(cfg, world_size: int) -> tuple[str, dict] | None:
     """The checkpoint to resume (auto: the newest valid one; or the named one), refused if the run differs."""
     how = cfg.CHECKPOINT.RESUME
     if how == "none":
@@ -65,17 +105,17 @@ def find_checkpoint(cfg) -> tuple[str, dict] | None:
     found = ckpt.find_resumable(cfg.OUTPUT_DIR) if how == "auto" else (how, ckpt.load_explicit(how))
     if found is not None:
         runstate.refuse_changed(cfg, found[1]["config"], f"stored in checkpoint {found[0]}")
+        check_global_batch(cfg, found[1], world_size, found[0])
     return found
 
 
 def resume(cfg, trainer: Trainer, found: tuple[str, dict] | None, status: RunStatus) -> None:
     """Restore the checkpoint rank 0 found while claiming (the other ranks find it themselves)."""
     dist_main = status.dist.is_main
-    found = found if dist_main else find_checkpoint(cfg)
+    found = found if dist_main else find_checkpoint(cfg, status.dist.world_size)
     if found is None:
         return
     path, state = found
-    check_global_batch(cfg, state, status.dist, path)
     trainer.load_state_dict(state)
     results = runstate.read_json(Path(cfg.OUTPUT_DIR) / "results.json")
     if trainer.at_end and results and results.get("status") == runstate.DONE:
@@ -83,22 +123,40 @@ def resume(cfg, trainer: Trainer, found: tuple[str, dict] | None, status: RunSta
         raise AlreadyDone(results, f"it ran {trainer.step} steps, as many as this config asks for", dist_main)
     log.info("resumed from %s: epoch %d, batch %d of the epoch, step %d", path, trainer.epoch + 1,
              trainer.batch_in_epoch, trainer.step)
+    _say_new_length(cfg, state["config"], trainer.step, dist_main)
 
 
-def check_global_batch(cfg, state: dict, dist: Dist, path: str) -> None:
-    """Refuse a resume whose global batch differs from the checkpoint's, naming a setting that keeps it."""
+def _say_new_length(cfg, stored_yaml: str, step: int, main: bool) -> None:
+    """One line when the resumed run's length differs from its checkpoint's, and what that does to the LR."""
+    from runner.config import config_from_yaml_text
+
+    old = config_from_yaml_text(stored_yaml).TRAIN
+    if not main or (old.EPOCHS, old.MAX_STEPS) == (cfg.TRAIN.EPOCHS, cfg.TRAIN.MAX_STEPS):
+        return
+    lr = ("the LR schedule is re-derived for the new length from this step (cosine: the LR jumps to the new "
+          "curve)" if old.EPOCHS != cfg.TRAIN.EPOCHS and cfg.TRAIN.SCHEDULER == "cosine"
+          else "the LR schedule stays the same")
+    log.info("the run's length changed since the checkpoint (TRAIN.EPOCHS %d -> %d, TRAIN.MAX_STEPS %d -> %d) "
+             "at step %d: %s", old.EPOCHS, cfg.TRAIN.EPOCHS, old.MAX_STEPS, cfg.TRAIN.MAX_STEPS, step, lr)
+
+
+def check_global_batch(cfg, state: dict, world: int, path: str) -> None:
+    """Refuse a resume whose global batch differs from the checkpoint's, naming the settings that keep it.
+
+    Only the number of processes and TRAIN.ACCUM_STEPS may change: DATA.BATCH_SIZE is what each forward (and
+    BatchNorm) sees, so it is never resume-safe, and advice to change it would be refused in turn.
+    """
     old = state.get("global_batch")
-    batch, world, accum = cfg.DATA.BATCH_SIZE, dist.world_size, cfg.TRAIN.ACCUM_STEPS
+    batch, accum = cfg.DATA.BATCH_SIZE, cfg.TRAIN.ACCUM_STEPS
     if old is None or old == batch * world * accum:
         return
+    chunks = old // batch  # processes x TRAIN.ACCUM_STEPS that the checkpoint's global batch was cut into
     fixes = []
     if old % (batch * world) == 0:
         fixes.append(f"TRAIN.ACCUM_STEPS {old // (batch * world)}")
     if old % (batch * accum) == 0:
         fixes.append(f"{old // (batch * accum)} processes")
-    if old % (world * accum) == 0:
-        fixes.append(f"DATA.BATCH_SIZE {old // (world * accum)}")
-    fix = " or ".join(fixes) or f"settings whose product is {old}"
+    fix = " or ".join(fixes) or f"processes x TRAIN.ACCUM_STEPS = {chunks}"
     raise UserError(f"{path} was saved by a run with a global batch of {old} samples (DATA.BATCH_SIZE x processes x "
                     f"TRAIN.ACCUM_STEPS) but this one has {batch} x {world} x {accum} = {batch * world * accum}; the "
                     f"run continues exactly only with the same global batch: use {fix}")
@@ -112,6 +170,9 @@ def write_run_files(cfg, dist: Dist, class_names: list[str]) -> None:
     from runner.envinfo import collect_env, format_env
 
     out = Path(cfg.OUTPUT_DIR)
+    extended = runstate.keep_finished_result(cfg)  # after the resume checks: a refused extension renames nothing
+    if extended:
+        log.info("%s", extended)
     atomic_write(out / "config.yaml", dump_config(cfg))
     dev = dist.device
     # asking every GPU for free memory would create a CUDA context on each of them for the whole run

@@ -25,11 +25,13 @@ class TrainStep:
                  scheduler=None, accum: int = 1, criterion: Callable | None = None, mixup: Callable | None = None,
                  autocast: Callable = nullcontext, scaler: torch.amp.GradScaler | None = None,
                  clip: Callable | None = None, no_sync: Callable = nullcontext, ema=None,
-                 loss_fn: Callable | None = None, reseed: Callable[[int, int], None] | None = None) -> None:
+                 loss_fn: Callable | None = None, reseed: Callable[[int, int], None] | None = None,
+                 norm_stats: Callable[[int], None] | None = None) -> None:
         """`model` is what runs (DDP, compiled); `bare` the module whose weights are saved (default `model`);
         `loss_fn(x, y)` the micro-batch's loss through `model` (default: `criterion(model(x), y)`; distillation's
         adds the teacher's term); `reseed(step, micro_step)` seeds the random draws of each micro-step (dropout,
-        drop-path, mixup), so they follow the step and not what ran before in the process."""
+        drop-path, mixup), so they follow the step and not what ran before in the process; `norm_stats(micro_step)`
+        says before each micro-step whether BatchNorm updates its running statistics (see CanonicalNormStats)."""
         self.model = model
         self.bare = model if bare is None else bare
         self.optimizer = optimizer
@@ -38,6 +40,7 @@ class TrainStep:
         self.criterion = nn.CrossEntropyLoss() if criterion is None else criterion
         self.loss_fn = self._loss if loss_fn is None else loss_fn
         self.reseed = reseed
+        self.norm_stats = norm_stats
         self.micro = 0  # micro-steps of the optimizer step in progress
         self.mixup = mixup
         self.autocast = autocast
@@ -56,6 +59,8 @@ class TrainStep:
         """One micro-batch, and the optimizer step when `last` completes an accumulation; True if it stepped."""
         if self.reseed is not None:
             self.reseed(self.step, self.micro)
+        if self.norm_stats is not None:
+            self.norm_stats(self.micro)
         loss = self._micro_step(x, y, sync=last)
         self.step_loss = loss if self.step_loss is None else self.step_loss + loss
         if not last:
@@ -137,3 +142,32 @@ class TrainStep:
         self.step = state["step"]
         self.dev_step.fill_(self.step)
         self.scheduler.step_update(self.step)
+
+
+class CanonicalNormStats:
+    """BatchNorm running statistics updated from chunk 0 of each optimizer step only, in every layout.
+
+    A step's global batch is cut into processes x accumulation chunks (chunk = micro_step x world + rank). Left
+    alone, BatchNorm updates its statistics once per forward in each process: DDP keeps rank 0's, updated from
+    its own chunk once per step, while one process accumulating 2 updates them twice per step, from both chunks.
+    Updating them from chunk 0 alone (rank 0's first micro-batch) gives every layout of one global batch the
+    same buffers and the same `num_batches_tracked`, at no cost: the other chunks still normalise with their own
+    batch statistics (the layer's `track_running_stats` is switched off for their forward, which is all it
+    skips). It is what DDP without accumulation already did on rank 0. SyncBatchNorm is left alone: its
+    statistics are already those of all ranks' chunks of a micro-step.
+    """
+
+    def __init__(self, model: nn.Module, rank: int) -> None:
+        """The model's tracking BatchNorm layers (not SyncBatchNorm), for the process of `rank`."""
+        self.norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                      and not isinstance(m, nn.SyncBatchNorm) and m.track_running_stats]
+        self.rank = rank
+        self.tracking = True
+
+    def __call__(self, micro: int) -> None:
+        """Let the layers update their statistics in this micro-step only when it trains on chunk 0."""
+        want = self.rank == 0 and micro == 0
+        if want != self.tracking:  # set only on a change: rank 0 without accumulation never touches a layer
+            for norm in self.norms:
+                norm.track_running_stats = want
+            self.tracking = want
