@@ -9,6 +9,7 @@ number of processes continues at the exact next sample. Evaluation shards every 
 """
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -22,6 +23,8 @@ from runner.data.memory import random_shift
 from runner.distributed import Dist
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+log = logging.getLogger("runner")
 
 
 @runtime_checkable
@@ -226,13 +229,25 @@ class ToDevice:
             yield x, y.to(self.device, non_blocking=True)
 
 
+def _cpu_share() -> tuple[int, int]:
+    """(CPUs this process may use shared among the local ranks, the worker count DATA.NUM_WORKERS -1 takes)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    return share, (max(1, min(8, share - 1)) if share > 1 else 0)
+
+
 def default_workers(cfg: Any, dist: Dist) -> int:
     """DATA.NUM_WORKERS, or when -1: the CPUs this process may use, shared among local ranks."""
-    if cfg.DATA.NUM_WORKERS >= 0:
-        return cfg.DATA.NUM_WORKERS
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    return max(1, min(8, cpus // local - 1)) if cpus // local > 1 else 0
+    return cfg.DATA.NUM_WORKERS if cfg.DATA.NUM_WORKERS >= 0 else _cpu_share()[1]
+
+
+def warn_many_workers(cfg: Any) -> None:
+    """One warning when DATA.NUM_WORKERS exceeds the CPUs this rank has (each worker is a process)."""
+    share, auto = _cpu_share()
+    if cfg.DATA.NUM_WORKERS > share:
+        log.warning("DATA.NUM_WORKERS %d is more than the %d CPU%s this process has: each worker is a process "
+                    "per rank, so they compete for the same cores; the default (-1) would take %d",
+                    cfg.DATA.NUM_WORKERS, share, "s" if share != 1 else "", auto)
 
 
 def _seed_worker(worker_id: int) -> None:
@@ -251,6 +266,8 @@ def host_loader(dataset: torch.utils.data.Dataset, cfg: Any, dist: Dist, *, batc
                            accum=cfg.TRAIN.ACCUM_STEPS, repeats=cfg.DATA.REPEATED_AUG,
                            seeded=getattr(dataset, "takes_seeds", False))
     workers = default_workers(cfg, dist)
+    if train and dist.is_main:
+        warn_many_workers(cfg)
     g = torch.Generator().manual_seed(cfg.SEED + dist.rank)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, drop_last=train,
