@@ -1,5 +1,6 @@
 # Shared helpers for the sweep scripts in this folder; `source` it, do not run it.
-# A sweep: sweep_init NAME SLOTS; per point: `point_done NAME && continue; slot_wait; slot_run NAME CMD...`;
+# A sweep script defines NAME_points (calls `point NAME KEY VALUE...` per point; slurm.sh sources the script for
+# it, so the list lives once), then: sweep_points NAME "$@"; sweep_init NAME SLOTS; per point: `point_done NAME && continue; slot_wait; slot_run NAME CMD...`;
 # then sweep_end. SLOTS points run at once (SLOTS=1: one after another, output on the console; more: each
 # point's output goes to ROOT/logs/NAME.log). Ctrl-C or SIGTERM stops the sweep: running points get SIGTERM,
 # save their state and exit; re-running the same command continues where it stopped.
@@ -58,6 +59,27 @@ check_extra() {  # KEY=VAR... -- ARGS...: exit 2 when an extra argument sets a k
 
 point_name() {  # TEXT: a point's folder name: TEXT with / made _ (one folder per point, never a subfolder)
   echo "${1//\//_}"
+}
+
+point() {  # NAME KEY VALUE...: one point of a sweep; a sweep's SWEEP_points function calls it per point
+  POINTS+=("$(point_name "$1")")
+  shift
+  local keys
+  printf -v keys '%q ' "$@"  # quoted once here, read back by point_cmd: a value may hold spaces
+  POINT_KEYS+=("$keys")
+}
+
+sweep_points() {  # SWEEP ARGS...: POINTS (folder names) and POINT_KEYS from SWEEP_points, the one list of
+  # points that the local script and slurm.sh both train
+  POINTS=() POINT_KEYS=()
+  "$1_points" "${@:2}"
+  ((${#POINTS[@]})) || sweep_fail "the sweep $1 has no points; give its lists at least one value each"
+}
+
+point_cmd() {  # I EXTRA...: CMD, the train.py command line of point I (folder ROOT/NAME), EXTRA last (wins)
+  local -a keys
+  eval "keys=(${POINT_KEYS[$1]})"
+  CMD=("$PY" "$REPO/tools/train.py" --cfg "$CFG" "${keys[@]}" OUTPUT_DIR "$ROOT/${POINTS[$1]}" "${@:2}")
 }
 
 sweep_init() {  # NAME SLOTS: sets ROOT (SWEEP_ROOT or output/sweeps/NAME) and the bookkeeping

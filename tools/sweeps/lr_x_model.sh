@@ -7,23 +7,32 @@
 # space-separated, or one item per line when an item holds spaces (MODELS=$'a b\nc'). A KEY VALUE argument
 # with spaces is passed whole when quoted: ... AUG.SCALE '(0.5, 1.0)'. A / in a point's name becomes _.
 # Extra arguments must not set TRAIN.LR, MODEL.NAME or OUTPUT_DIR (give LRS, MODELS, SWEEP_ROOT).
+# The same points as one SLURM job array: tools/sweeps/slurm.sh lr_x_model [KEY VALUE ...] (docs/SWEEPS.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-sweep_list LRS "0.2 0.1 0.05"
-lrs=("${ITEMS[@]}")
-sweep_list MODELS "resnet18 resnet10t"
-models=("${ITEMS[@]}")
-check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
-
-sweep_init lr_x_model 1
-for lr in "${lrs[@]}"; do
-  for model in "${models[@]}"; do
-    name=$(point_name "lr${lr}_${model}")
-    point_done "$name" && continue
-    slot_wait
-    slot_run "$name" "$PY" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" MODEL.NAME "$model" \
-      OUTPUT_DIR "$ROOT/$name" "$@"
+lr_x_model_points() {  # [KEY VALUE ...]: every LR x model; the one list, also read by slurm.sh
+  local lr model lrs models
+  sweep_list LRS "0.2 0.1 0.05"
+  lrs=("${ITEMS[@]}")
+  sweep_list MODELS "resnet18 resnet10t"
+  models=("${ITEMS[@]}")
+  check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
+  for lr in "${lrs[@]}"; do
+    for model in "${models[@]}"; do
+      point "lr${lr}_${model}" TRAIN.LR "$lr" MODEL.NAME "$model"
+    done
   done
+}
+
+[[ ${BASH_SOURCE[0]} == "$0" ]] || return 0  # sourced (by slurm.sh): the points only
+
+sweep_points lr_x_model "$@"
+sweep_init lr_x_model 1
+for i in "${!POINTS[@]}"; do
+  point_done "${POINTS[i]}" && continue
+  slot_wait
+  point_cmd "$i" "$@"
+  slot_run "${POINTS[i]}" "${CMD[@]}"
 done
 sweep_end
