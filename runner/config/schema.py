@@ -359,7 +359,8 @@ def parse_time_limit(text: str) -> float | None:
         nums = [float(p) for p in parts]
     except ValueError:
         return None
-    if days < 0 or len(nums) > 3 or any(n < 0 or n != n for n in nums) or (len(nums) > 1 and nums[-1] >= 60):
+    if days < 0 or len(nums) > 3 or any(n < 0 or n != n for n in nums) or (len(nums) > 1 and nums[-1] >= 60) \
+            or (len(nums) == 3 and nums[1] >= 60):  # H:MM:SS; a bare MM:SS may count 90 minutes, as SLURM's
         return None
     seconds = days * 86400 + sum(n * 60**i for i, n in enumerate(reversed(nums)))
     return seconds
