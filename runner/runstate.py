@@ -172,7 +172,37 @@ def finished_run(cfg) -> tuple[dict, str] | None:
         return results, f"it ran {epochs} epochs, {step} steps{more}"
     if 0 < cfg.TRAIN.MAX_STEPS <= step:
         return results, f"it ran {step} steps; TRAIN.MAX_STEPS {cfg.TRAIN.MAX_STEPS} asks for no more"
-    return None  # the run was extended: train on from its last checkpoint
+    if not cfg.TRAIN.EXTEND:  # a longer run over a finished one would replace its result unseen
+        raise UserError(f"OUTPUT_DIR {out} holds a finished run ({epochs} epochs, {step} steps) and this config asks "
+                        f"for more: add TRAIN.EXTEND True to train that run on (its results.json is kept as "
+                        f"{kept_results_name(step)}; {schedule_on(cfg, results)}), or choose another OUTPUT_DIR "
+                        "for a fresh run")
+    return None  # the run is extended: train on from its last checkpoint
+
+
+def kept_results_name(step: int) -> str:
+    """The name a finished run's results.json keeps when the run is trained on (TRAIN.EXTEND)."""
+    return f"results-step{step}.json"
+
+
+def schedule_on(cfg, results: dict) -> str:
+    """How the LR schedule continues when a run of `results` is trained on with `cfg`."""
+    old = results.get("epochs")
+    if old == cfg.TRAIN.EPOCHS or cfg.TRAIN.SCHEDULER != "cosine":  # only cosine's shape depends on the length
+        return "the LR follows the same schedule on"
+    return (f"the LR schedule is re-derived for {cfg.TRAIN.EPOCHS} epochs instead of {old} and continues from step "
+            f"{results.get('step')}: a {cfg.TRAIN.SCHEDULER} schedule that had ended starts again (a warm restart)")
+
+
+def keep_finished_result(cfg) -> str:
+    """Rename OUTPUT_DIR's results.json to results-step<N>.json before the run is trained on; '' if none."""
+    out = Path(cfg.OUTPUT_DIR)
+    results = read_json(out / "results.json")
+    if not cfg.TRAIN.EXTEND or not results or results.get("status") != DONE:
+        return ""
+    kept = kept_results_name(results.get("step", 0))
+    os.replace(out / "results.json", out / kept)
+    return f"training the finished run on: its results.json is kept as {kept}; {schedule_on(cfg, results)}"
 
 
 def done_line(cfg, results: dict, why: str) -> str:

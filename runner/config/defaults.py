@@ -176,6 +176,12 @@ _C.TRAIN.LR_REF_BATCH = 0
 _C.TRAIN.FUSED = True
 # Stop after this many optimizer steps in total; 0 = no cap
 _C.TRAIN.MAX_STEPS = 0
+# Train a FINISHED run in OUTPUT_DIR on to a larger TRAIN.EPOCHS / TRAIN.MAX_STEPS (without it that is refused).
+# Its results.json is kept as results-step<N>.json. The LR is a function of the config and the step: raising only
+# MAX_STEPS follows the same schedule on; raising EPOCHS re-derives it for the new length from step N (for
+# cosine the LR climbs back up from its end: a warm restart). The default OUTPUT_DIR names the length, so an
+# extension needs the finished run's OUTPUT_DIR given explicitly
+_C.TRAIN.EXTEND = False
 # Wall-clock budget of this job, in seconds or H:MM:SS ("" = none): the run saves and exits 75 early enough to
 # finish before it (predicted from the measured step, evaluation and save times); the same command continues.
 # For a queue with a hard limit and no warning signal (SLURM's --signal=USR1@120 is handled as a preemption)

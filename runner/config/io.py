@@ -29,6 +29,8 @@ from runner.errors import UserError
 # ---------------------------------------------------------------------------------------------------------
 # Flatten, diff, dump
 # ---------------------------------------------------------------------------------------------------------
+# how long a run trains: resume-safe, yet part of the default OUTPUT_DIR's name (and of TensorBoard's HParams)
+RUN_LENGTH_KEYS = ("TRAIN.EPOCHS", "TRAIN.MAX_STEPS")
 MISSING = "<missing>"  # stands for a key one config has and the other lacks, in diff_configs
 
 
@@ -319,7 +321,9 @@ def config_from_yaml_text(text: str, name: str = "<stored config>") -> CN:
 def default_output_dir(files: list[str], overrides: list[tuple[str, Any]], cwd: str | None = None) -> str:
     """output/<config label>[-<tag from the overrides>]; the same arguments in the same folder give the same one."""
     stem = _config_label(files, cwd or os.getcwd())
-    latest = {k: v for k, v in overrides if k not in RESUME_SAFE_KEYS}  # a repeated key: the last value wins
+    # a repeated key: the last value wins. The run's length is resume-safe (a preempted run may be given more
+    # epochs) but names the folder, so that an epochs ablation gets one run per value
+    latest = {k: v for k, v in overrides if k not in RESUME_SAFE_KEYS or k in RUN_LENGTH_KEYS}
     if not latest:
         return os.path.join("output", stem)
     parts = [f"{_short_key(k)}={_fmt_tag(v)}" for k, v in sorted(latest.items())]

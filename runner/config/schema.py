@@ -70,7 +70,7 @@ def inline_yaml(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # Keys that only extend or observe a run: changing them keeps the output folder and allows resuming
 RESUME_SAFE_KEYS = frozenset(
-    ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
+    ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "TRAIN.EXTEND", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
      "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
      "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "MODEL.COMPILE", "MODEL.COMPILE_MODE",
      "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR"]  # ACCUM_STEPS: the global batch is checked at resume

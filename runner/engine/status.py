@@ -94,6 +94,9 @@ class RunStatus(Hook):
             "train/img_per_s": imgs / secs if secs else None,
             "world_size": self.dist.world_size,
         }
+        kept = sorted(p.name for p in self.out.glob("results-step*.json"))
+        if kept:  # a run trained on (TRAIN.EXTEND): never to be taken for a fresh run of this length
+            results["extended_from"] = kept
         for k in ("val_ema/top1", "val_ema/top5"):
             if k in last:
                 results[k] = last[k]

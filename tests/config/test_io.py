@@ -54,8 +54,12 @@ def test_output_dir_naming_rules():
     assert default_output_dir([], []) == "output/default"
     assert re.fullmatch(r"output/a__resnet18-[0-9a-f]{8}",
                         default_output_dir(["configs/a.yaml", "configs/x/resnet18.yaml"], []))
-    assert default_output_dir(["configs/c/resnet18.yaml"], [("TRAIN.EPOCHS", 30), ("LOG.PERIOD", 5)]) \
+    assert default_output_dir(["configs/c/resnet18.yaml"], [("LOG.PERIOD", 5), ("TRAIN.EXTEND", True)]) \
         == "output/c/resnet18"  # resume-safe overrides keep the folder
+    # ... except the run's length: an epochs ablation is one run per value
+    assert default_output_dir(["configs/c/resnet18.yaml"], [("TRAIN.EPOCHS", 30), ("LOG.PERIOD", 5)]) \
+        == "output/c/resnet18-epochs=30"
+    assert default_output_dir(["configs/c/resnet18.yaml"], [("TRAIN.MAX_STEPS", 9)]) == "output/c/resnet18-max_steps=9"
     assert default_output_dir(["configs/c/resnet18.yaml"], [("TRAIN.LR", 0.05), ("MODEL.NAME", "resnet10t")]) \
         == "output/c/resnet18-model.name=resnet10t-lr=0.05"
     # same config, same folder: order and repeated keys (last wins) do not matter

@@ -315,7 +315,7 @@ def test_explain_with_defaults_only():
 
 def test_loader_fills_output_dir_from_overrides_but_keeps_an_explicit_one():
     cfg, info = load_config(["--cfg", str(CHAIN / "top.yaml"), "TRAIN.LR", "0.3", "TRAIN.EPOCHS", "9"])
-    assert cfg.OUTPUT_DIR == "output/test/chain/top-lr=0.3" == default_output_dir(info.files, info.overrides)
+    assert cfg.OUTPUT_DIR == "output/test/chain/top-epochs=9-lr=0.3" == default_output_dir(info.files, info.overrides)
     cfg, _ = load_config(["OUTPUT_DIR", "/tmp/mine", "TRAIN.LR", "0.3"])
     assert cfg.OUTPUT_DIR == "/tmp/mine"
 

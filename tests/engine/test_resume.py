@@ -22,7 +22,7 @@ import torch
 
 from runner.checkpoint import STEP_RE, atomic_save, save_checkpoint
 from runner.fsutil import TMP_RE
-from tests.utils import ROOT, TRAIN, env, is_alive, proc_env, read_jsonl, run_tool, torchrun
+from tests.utils import ROOT, TRAIN, assert_user_error, env, is_alive, proc_env, read_jsonl, run_tool, torchrun
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 # Deterministic and tiny, with every source of state a resume must restore: dropout (torch RNG), mixup (numpy
@@ -347,18 +347,32 @@ def test_resume_with_changed_config_is_refused(reference, tmp_path):
 
 
 def test_extending_epochs_continues_training(reference, tmp_path):
-    """TRAIN.EPOCHS raised on a finished run: it resumes at the last step and trains on with a live LR."""
+    """TRAIN.EPOCHS raised on a finished run: refused unless TRAIN.EXTEND says so; then the finished result is
+    kept beside, the run resumes at its last step and trains on with the schedule re-derived (a warm restart)."""
     out = unfinished_copy(reference, tmp_path / "run", keep=1)
     shutil.copyfile(reference / "results.json", out / "results.json")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     r = run_tool("train.py", [*BASE, "TRAIN.EPOCHS", "3", "OUTPUT_DIR", str(out)])
+    line = assert_user_error(r, "holds a finished run (2 epochs", "TRAIN.EXTEND True",
+                             f"results-step{2 * STEPS_PER_EPOCH}.json", "warm restart")
+    assert "another OUTPUT_DIR" in line
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"} == before
+    r = run_tool("train.py", [*BASE, "TRAIN.EPOCHS", "3", "TRAIN.EXTEND", "true", "OUTPUT_DIR", str(out)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert RESUMED.search(r.stdout).group(4) == str(2 * STEPS_PER_EPOCH)
+    assert f"results.json is kept as results-step{2 * STEPS_PER_EPOCH}.json" in r.stdout
+    assert "TRAIN.EPOCHS 2 -> 3" in r.stdout  # the one line on the schedule's new length
+    kept = out / f"results-step{2 * STEPS_PER_EPOCH}.json"
+    assert kept.read_bytes() == (reference / "results.json").read_bytes()
     res = json.loads((out / "results.json").read_text())
     assert res["status"] == "done" and res["epoch"] == 3 and res["step"] == 3 * STEPS_PER_EPOCH
+    assert res["extended_from"] == [kept.name]  # never to be taken for a fresh 3-epoch run
     rows = train_rows(out)
     assert [r["step"] for r in rows] == list(range(1, 3 * STEPS_PER_EPOCH + 1))
     assert rows[: 2 * STEPS_PER_EPOCH] == train_rows(reference)
     assert all(r["train/lr"] > 0 for r in rows[2 * STEPS_PER_EPOCH: -1])  # the schedule spans the new length
+    # the documented warm restart: the cosine had nearly ended; re-derived for 3 epochs its LR is back up
+    assert rows[2 * STEPS_PER_EPOCH]["train/lr"] > 10 * rows[2 * STEPS_PER_EPOCH - 1]["train/lr"]
     assert [r["epoch"] for r in val_rows(out)] == [1, 2, 3]
     got = torch.load(out / "checkpoints" / "last.pth", weights_only=True)["model"]
     want = torch.load(reference / "checkpoints" / "last.pth", weights_only=True)["model"]
