@@ -56,9 +56,11 @@ _C.MODEL.GRAD_CHECKPOINTING = False
 # Data
 # ---------------------------------------------------------------------------------------------------------
 _C.DATA = CN()
-# Dataset: digits (sklearn 8x8 digits, in memory) | folder (ImageFolder layout under ROOT) | synthetic
+# Dataset: digits (sklearn 8x8 digits, in memory) | folder (ImageFolder layout under ROOT) | synthetic | shards
+# (webdataset tar shards under ROOT, streamed: see SHARD_*)
 _C.DATA.NAME = "digits"
-# Dataset root folder (needed by folder); "~" expanded; relative to the current folder
+# Dataset root folder (needed by folder and shards; shards also take an http(s) URL); "~" expanded; relative to
+# the current folder
 _C.DATA.ROOT = ""
 # Side of the square input images, in pixels
 _C.DATA.IMG_SIZE = 32
@@ -90,6 +92,23 @@ _C.DATA.CHECK = True
 # in the same global batch under different random augmentations, so an epoch holds that many passes over the
 # data (DeiT's 300 epochs at 3 cost what TRAIN.EPOCHS 100 costs here). 1 = off
 _C.DATA.REPEATED_AUG = 1
+# DATA.NAME shards (webdataset tar shards, KEY.jpg + KEY.cls, as tools/make_shards.py writes them): DATA.ROOT (a
+# folder or an http(s) base URL) holds class_map.json and {train,val}/index.json (shard names, sample counts).
+# Where each shard is read from: a template with {root}, {split}, {name}: a path, an http(s) URL or webdataset's
+# pipe:COMMAND (e.g. "pipe:aws s3 cp s3://bucket/{split}/{name} -"); "" = {root}/{split}/{name}
+_C.DATA.SHARD_URL = ""
+# Train shards to use: a brace pattern of shard names ("train-{000000..000099}.tar", several joined by ::);
+# "" = every shard in the train index
+_C.DATA.TRAIN_SHARDS = ""
+# Streams the training order is cut into (like MosaicML's canonical nodes): the order depends on SEED, the epoch,
+# this and SHARD_WINDOW only, so a run resumes exactly on any number of processes dividing it; each process reads
+# the streams k = rank (mod processes), its loader workers a disjoint share of those
+_C.DATA.SHARD_STREAMS = 8
+# Shuffle window, in samples: each stream is shuffled within consecutive blocks of this many samples. Memory
+# per rank: about 2 x SHARD_WINDOW x SHARD_STREAMS / processes encoded images (plus one step's samples)
+_C.DATA.SHARD_WINDOW = 1000
+# Tries to fetch a shard (or the index) before the run stops with one line naming it
+_C.DATA.SHARD_RETRIES = 3
 
 # ---------------------------------------------------------------------------------------------------------
 # Augmentation (training only; passed to timm's transform factory)

@@ -73,7 +73,8 @@ RESUME_SAFE_KEYS = frozenset(
     ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "TRAIN.EXTEND", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
      "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
      "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "MODEL.COMPILE", "MODEL.COMPILE_MODE",
-     "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR"]  # ACCUM_STEPS: the global batch is checked at resume
+     "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR",  # ACCUM_STEPS: the global batch is checked at resume
+     "DATA.SHARD_URL", "DATA.SHARD_RETRIES"]  # where the same shards are read from, and how patiently
     + [f"LOG.{k}" for k in _C.LOG] + [f"PROFILE.{k}" for k in _C.PROFILE]
 )
 
@@ -95,7 +96,7 @@ OPTIMIZERS = (
 ENUMS = {
     "DEVICE": ("auto", "cpu", "cuda"),
     "MODEL.COMPILE_MODE": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-    "DATA.NAME": ("digits", "folder", "synthetic"),
+    "DATA.NAME": ("digits", "folder", "synthetic", "shards"),
     "AUG.REMODE": ("const", "rand", "pixel"),
     "AUG.INTERPOLATION": ("bilinear", "bicubic", "nearest", "random"),
     "TRAIN.SCHEDULER": ("cosine", "step", "none"),
@@ -121,6 +122,7 @@ _RULES = {
     "DATA.NUM_WORKERS": (lambda x: x >= -1, ">= 0 (or -1 for auto)"), "DATA.PREFETCH_FACTOR": _GE1,
     "DATA.VAL_FRACTION": (lambda x: 0 < x < 1, "in (0, 1)"), "DATA.SYNTHETIC_SIZE": _GE1,
     "DATA.BAD_FILE_BUDGET": _PROB,
+    "DATA.SHARD_STREAMS": _GE1, "DATA.SHARD_WINDOW": _GE1, "DATA.SHARD_RETRIES": _GE1,
     "AUG.HFLIP": _PROB, "AUG.COLOR_JITTER": _GE0, "AUG.REPROB": _PROB,
     "AUG.CROP_PCT": (lambda x: 0 < x <= 1, "in (0, 1]"), "AUG.MIXUP": _GE0, "AUG.CUTMIX": _GE0,
     "AUG.MIXUP_PROB": _PROB, "AUG.MIXUP_SWITCH_PROB": _PROB, "AUG.SHIFT": _GE0,
@@ -295,6 +297,8 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
         fail("DATA.NAME", "DATA.NAME folder needs DATA.ROOT, the folder that holds the class folders")
     if check_files and d.NAME == "folder" and not os.path.isdir(d.ROOT):
         fail("DATA.ROOT", f"DATA.ROOT {d.ROOT!r} is not a folder")
+    if d.NAME == "shards":
+        _validate_shards(cfg, fail, check_files)
     for key in ("DATA.MEAN", "DATA.STD"):
         if len(get_value(cfg, key)) != cfg.MODEL.IN_CHANS:
             fail(key, f"{key} needs one value per input channel (MODEL.IN_CHANS {cfg.MODEL.IN_CHANS}), "
@@ -330,6 +334,25 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
     if parse_time_limit(cfg.TRAIN.TIME_LIMIT) is None:
         fail("TRAIN.TIME_LIMIT", f"TRAIN.TIME_LIMIT {cfg.TRAIN.TIME_LIMIT!r} is not a duration: write seconds "
                                  "(3600) or H:MM:SS (1:00:00), or '' for none")
+
+
+def _validate_shards(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:
+    """DATA.NAME shards: a root, no repeated augmentation; with files checked, the index, class map, selection and
+    stream count (runner.data.shards.check_source) before anything is written to OUTPUT_DIR."""
+    d = cfg.DATA
+    if not d.ROOT:
+        fail("DATA.NAME", "DATA.NAME shards needs DATA.ROOT, the folder or http(s) URL that holds class_map.json "
+                          "and train/, val/ (tools/make_shards.py writes them)")
+    if d.REPEATED_AUG > 1:
+        fail("DATA.REPEATED_AUG", f"DATA.REPEATED_AUG {d.REPEATED_AUG} is not supported with DATA.NAME shards "
+                                  "(streams read each sample once); use 1")
+    if check_files:
+        from runner.data.shards.index import check_source  # no torch: the index and class map are small files
+
+        try:
+            check_source(cfg, int(os.environ.get("WORLD_SIZE", 1)))
+        except UserError as e:
+            fail("DATA.ROOT", str(e))
 
 
 def _validate_distill(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:

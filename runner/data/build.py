@@ -65,11 +65,23 @@ def _folder(cfg: Any, dist: Dist) -> DataBundle:
                       host_loader(val_ds, cfg, dist, batch_size=eval_batch_size(cfg), train=False), list(names))
 
 
+def _shards(cfg: Any, dist: Dist) -> DataBundle:
+    """webdataset-format tar shards streamed in a layout-free order (runner/data/shards)."""
+    from runner.data.shards import build_shards  # webdataset and timm's transforms: only when needed
+
+    return DataBundle(*build_shards(cfg, dist, eval_batch_size(cfg)))
+
+
+# DATA.NAME -> builder; a new source is one module under runner/data/ and one line here (and its name in schema.py)
+SOURCES = {"digits": _in_memory, "synthetic": _in_memory, "folder": _folder, "shards": _shards}
+IMAGE_FILE_SOURCES = ("folder", "shards")  # decoded through timm's transforms: AUG.* and EVAL.CROP_PCT apply
+
+
 def _log_eval_size(cfg: Any) -> None:
     """Say when evaluation runs at another size or crop than training, and when a crop has no effect."""
     if cfg.EVAL.IMG_SIZE and cfg.EVAL.IMG_SIZE != cfg.DATA.IMG_SIZE:
         log.info("evaluating at %d px (EVAL.IMG_SIZE), training at %d px", cfg.EVAL.IMG_SIZE, cfg.DATA.IMG_SIZE)
-    if cfg.EVAL.CROP_PCT and cfg.DATA.NAME != "folder":
+    if cfg.EVAL.CROP_PCT and cfg.DATA.NAME not in IMAGE_FILE_SOURCES:
         log.warning("DATA.NAME %s ignores EVAL.CROP_PCT: in-memory images are resized whole, never cropped",
                     cfg.DATA.NAME)
 
@@ -77,9 +89,9 @@ def _log_eval_size(cfg: Any) -> None:
 def build_data(cfg: Any, dist: Dist) -> DataBundle:
     """The train and val loaders for cfg.DATA.NAME."""
     t0 = time.perf_counter()
-    if cfg.DATA.NAME != "folder":
+    if cfg.DATA.NAME not in IMAGE_FILE_SOURCES:
         warn_ignored_augment(cfg)
-    bundle = _folder(cfg, dist) if cfg.DATA.NAME == "folder" else _in_memory(cfg, dist)
+    bundle = SOURCES[cfg.DATA.NAME](cfg, dist)
     _log_eval_size(cfg)
     log.debug("data ready in %.2fs", time.perf_counter() - t0)
     return bundle

@@ -1,0 +1,151 @@
+"""Where the shards are and what they hold: DATA.ROOT/{train,val}/index.json (shard names and sample counts, so
+steps per epoch are known before step 1), DATA.ROOT/class_map.json, and the URL of each shard
+(DATA.SHARD_URL: a path, an http(s) URL or a `pipe:COMMAND`, opened by webdataset's gopen).
+
+No torch here: validation calls check_source before anything is written to OUTPUT_DIR.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from runner.errors import UserError
+
+INDEX = "index.json"
+CLASS_MAP = "class_map.json"
+SPLITS = ("train", "val")
+DEFAULT_URL = "{root}/{split}/{name}"
+MAX_FETCH_S = 30.0  # the index and class map are small: a server that does not answer in this is down
+
+
+@dataclass(frozen=True)
+class ShardSplit:
+    """One split's shards: their URLs and sample counts, in the index's order."""
+
+    split: str
+    urls: list[str]
+    counts: list[int]
+
+    @property
+    def total(self) -> int:
+        """Samples in the split."""
+        return sum(self.counts)
+
+
+def is_remote(root: str) -> bool:
+    """DATA.ROOT names an http(s) base URL rather than a local folder."""
+    return root.startswith(("http://", "https://"))
+
+
+def gopen_url(url: str):
+    """A binary stream of `url` through webdataset's gopen (local path, http(s) via curl, or pipe:)."""
+    from webdataset import gopen  # imports torch: only once a shard is opened
+
+    return gopen(url, "rb")
+
+
+def fetch(url: str, retries: int = 3) -> bytes:
+    """The whole content of `url`, retried `retries` times; UserError naming it when it never comes."""
+    last = ""
+    for attempt in range(max(1, retries)):
+        if attempt:
+            time.sleep(0.2 * 2**attempt)
+        try:
+            if not is_remote(url) and not url.startswith("pipe:"):
+                with open(url, "rb") as f:  # a missing local file is not worth retrying
+                    return f.read()
+            stream = gopen_url(url)
+            data = stream.read()
+            stream.close()  # a pipe (curl) reports its exit status here: a 404 is curl's exit 22
+            return data
+        except FileNotFoundError as e:
+            raise UserError(f"{url} does not exist ({e.strerror})") from None
+        except (OSError, ValueError) as e:
+            last = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    raise UserError(f"{url} cannot be fetched after {max(1, retries)} tries ({last})")
+
+
+def split_url(root: str, split: str, name: str) -> str:
+    """DATA.ROOT/split/name as a path or a URL."""
+    return f"{root.rstrip('/')}/{split}/{name}"
+
+
+def read_json(url: str, what: str, retries: int) -> Any:
+    """A small JSON file of the shard layout; UserError naming it when missing or malformed."""
+    raw = fetch(url, retries)
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise UserError(f"{url} is not valid JSON ({e}); {what} is written by tools/make_shards.py") from None
+
+
+def read_classes(cfg: Any) -> list[str]:
+    """Class names by index from DATA.ROOT/class_map.json ({"0": "cat", ...})."""
+    url = f"{cfg.DATA.ROOT.rstrip('/')}/{CLASS_MAP}"
+    raw = read_json(url, "the class map", cfg.DATA.SHARD_RETRIES)
+    try:
+        return [str(raw[str(i)]) for i in range(len(raw))]
+    except (KeyError, TypeError):
+        raise UserError(f"{url} is not a class map ({{\"0\": \"name\", ...}} with indices 0..n-1)") from None
+
+
+def select(names: list[str], pattern: str, where: str) -> list[str]:
+    """The index's shard names that DATA.TRAIN_SHARDS (a brace pattern, '::' between several) keeps, in the
+    index's order; all when the pattern is empty."""
+    if not pattern:
+        return names
+    from braceexpand import braceexpand  # webdataset's brace expansion
+
+    try:
+        wanted = {os.path.basename(u) for part in pattern.split("::") for u in braceexpand(part)}
+    except ValueError as e:
+        raise UserError(f"DATA.TRAIN_SHARDS {pattern!r} is not a brace pattern ({e})") from None
+    kept = [n for n in names if n in wanted]
+    if not kept:
+        raise UserError(f"DATA.TRAIN_SHARDS {pattern!r} matches none of the {len(names)} shards in {where} "
+                        f"(names like {names[0]!r}); use a pattern such as 'train-{{000000..000009}}.tar'")
+    return kept
+
+
+def read_index(cfg: Any, split: str) -> ShardSplit:
+    """The split's shards from DATA.ROOT/split/index.json, located by DATA.SHARD_URL."""
+    url = split_url(cfg.DATA.ROOT, split, INDEX)
+    raw = read_json(url, "the index", cfg.DATA.SHARD_RETRIES)
+    try:
+        pairs = [(str(name), int(count)) for name, count in raw["shards"]]
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{url} is not a shard index ({{\"shards\": [[name, samples], ...]}}); "
+                        "tools/make_shards.py writes it") from None
+    if not pairs:
+        raise UserError(f"{url} lists no shards: the {split} split is empty")
+    if any(count < 0 for _, count in pairs):
+        raise UserError(f"{url}: a shard has a negative sample count")
+    counts = dict(pairs)
+    names = select([n for n, _ in pairs], cfg.DATA.TRAIN_SHARDS, url) if split == "train" else [n for n, _ in pairs]
+    template = cfg.DATA.SHARD_URL or DEFAULT_URL
+    try:
+        urls = [template.format(root=cfg.DATA.ROOT.rstrip("/"), split=split, name=n) for n in names]
+    except (KeyError, IndexError, ValueError) as e:
+        raise UserError(f"DATA.SHARD_URL {template!r} takes only {{root}}, {{split}} and {{name}} ({e})") from None
+    return ShardSplit(split, urls, [counts[n] for n in names])
+
+
+def check_source(cfg: Any, world_size: int) -> None:
+    """Everything about DATA.NAME shards that can be refused before a run writes anything: the layout's files,
+    the selection, and the stream count against the number of processes."""
+    streams = cfg.DATA.SHARD_STREAMS
+    if streams % world_size:
+        fits = [w for w in range(1, streams + 1) if streams % w == 0]
+        raise UserError(f"DATA.SHARD_STREAMS {streams} cannot be split evenly among {world_size} processes: "
+                        f"run on {', '.join(map(str, fits))} processes (SHARD_STREAMS fixes the training order: "
+                        "changing it restarts the order, a resume refuses it)")
+    classes = read_classes(cfg)
+    train = read_index(cfg, "train")
+    read_index(cfg, "val")
+    if train.total < streams:
+        raise UserError(f"the train shards hold {train.total} samples, fewer than DATA.SHARD_STREAMS {streams}")
+    if not classes:
+        raise UserError(f"{cfg.DATA.ROOT}/{CLASS_MAP} names no class")
