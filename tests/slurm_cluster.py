@@ -11,6 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
 
 
@@ -166,3 +168,20 @@ def start_cluster(parent: Path | None = None) -> Cluster:
         cluster.stop()
         raise
     return cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Cluster:
+    """The session's SLURM cluster (skips where SLURM is missing); every job cancelled, every daemon stopped."""
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        try:
+            cluster.cancel_all()
+        finally:
+            cluster.stop()
+            shutil.rmtree(cluster.root, ignore_errors=True)

@@ -1,0 +1,234 @@
+"""tools/sweeps/slurm.sh on a real single-node SLURM (tests/slurm_cluster.py): a throttled 4-point array,
+re-submission, preemption by `scontrol requeue` and by `scancel --signal=USR1 --full` continued bit-identically,
+a SLURM time limit with its warning signal, a bad key that fails once, a 2-process point through srun+torchrun.
+
+Every point is tiny digits (test_resnet at 8 px, one thread). SLURM holds a requeued job 120 s (its BeginTime);
+the tests start it at once with `scontrol update StartTime=now` (Cluster.release_requeued), as a user may.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.engine.test_resume import assert_same_run
+from tests.slurm_cluster import Cluster
+from tests.utils import ROOT, TRAIN, assert_user_error, read_jsonl
+
+SLURM_SH = str(ROOT / "tools" / "sweeps" / "slurm.sh")
+CFG = str(ROOT / "configs" / "digits" / "resnet18.yaml")
+TINY = ["DATA.IMG_SIZE", "8", "DATA.BATCH_SIZE", "16", "DATA.VAL_FRACTION", "0.1", "DATA.NUM_WORKERS", "0",
+        "LOG.PERIOD", "1"]
+LONG = ["TRAIN.EPOCHS", "3", *TINY]  # 3 x 101 steps, ~8 s: long enough to be stopped mid-epoch
+
+
+def slurm_sh(cluster: Cluster | None, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """tools/sweeps/slurm.sh with this interpreter, one thread per point, against the test cluster."""
+    base = cluster.env if cluster is not None else dict(os.environ)
+    full = {**base, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
+    return subprocess.run(["bash", SLURM_SH, *args], capture_output=True, text=True, timeout=60, env=full,
+                          cwd=ROOT)
+
+
+def wait_all_ended(cluster: Cluster, timeout: float = 150) -> None:
+    """Until no job is left in the queue; requeued ones are started at once instead of after 120 s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        cluster.release_requeued()
+        if not cluster.run("squeue", "-h", check=False).stdout.strip():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"jobs left after {timeout} s:\n{cluster.run('squeue', check=False).stdout}")
+
+
+def events(root: Path, point: str) -> list[dict]:
+    """The point's SLURM events (start/end of each task), oldest first."""
+    return [json.loads(line) for line in (root / "slurm" / "events" / f"{point}.jsonl").read_text().splitlines()]
+
+
+def wait_step(out: Path, step: int, timeout: float = 60) -> None:
+    """Until the run's metrics.jsonl has a training line past `step`."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if any(r.get("step", 0) > step and "train/loss" in r for r in read_jsonl(out / "metrics.jsonl")):
+                return
+        except (OSError, ValueError):
+            pass  # not written yet, or a line half-written
+        time.sleep(0.1)
+    raise AssertionError(f"{out} did not pass step {step} in {timeout} s")
+
+
+def wait_resumed(cluster: Cluster, out: Path, since: float, timeout: float = 90) -> tuple[int, float]:
+    """The step the run stopped at, and the seconds from `since` until the requeued task logged the next one."""
+    end = time.monotonic() + timeout
+    log = out.parent / "logs" / f"{out.name}.log"
+    stop = None
+    while time.monotonic() < end:
+        cluster.release_requeued()
+        text = log.read_text()
+        if stop is None and "preempted at step " in text:
+            stop = int(text.split("preempted at step ")[1].split(":")[0])
+        if stop is not None and "resumed from" in text:
+            try:
+                if any(r["step"] == stop + 1 for r in read_jsonl(out / "metrics.jsonl") if "train/loss" in r):
+                    return stop, time.time() - since
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"no step after the preemption within {timeout} s:\n{log.read_text()[-2000:]}")
+
+
+def max_overlap(spans: list[tuple[float, float]]) -> int:
+    """The most intervals open at one time."""
+    marks = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    now = most = 0
+    for _, d in marks:
+        now += d
+        most = max(most, now)
+    return most
+
+
+def table_rows(root: Path) -> dict[str, str]:
+    """The sweep's table.md rows by run name (the whole line)."""
+    rows = {}
+    for line in (root / "slurm" / "table.md").read_text().splitlines():
+        cells = [c.strip().strip("*") for c in line.split("|")]
+        if len(cells) > 3 and cells[2] not in ("run", "---", ""):
+            rows[cells[2]] = line
+    return rows
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The point of the preemption tests, trained once without interruption (tools/train.py, no SLURM)."""
+    out = tmp_path_factory.mktemp("slurm_ref") / "ref"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, TRAIN, "--cfg", CFG, "OUTPUT_DIR", str(out), *LONG], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_sweep_array_throttled_and_resubmitted(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """4 points with THROTTLE=2: at most 2 tasks at once, all done, 4 rows; the same command again submits nothing."""
+    root = tmp_path / "lr_x_model"
+    sweep = {"SWEEP_ROOT": str(root), "LRS": "0.1 0.05", "MODELS": "test_resnet test_efficientnet",
+             "THROTTLE": "2"}
+    t0 = time.monotonic()
+    first = slurm_sh(slurm_cluster, "lr_x_model", "TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "4", *TINY, **sweep)
+    assert first.returncode == 0, first.stderr
+    assert "as array job" in first.stdout and "(0-3%2)" in first.stdout, first.stdout
+    wait_all_ended(slurm_cluster)
+    wall = time.monotonic() - t0
+    points = [f"lr{lr}_{m}" for lr in ("0.1", "0.05") for m in ("test_resnet", "test_efficientnet")]
+    spans = []
+    for p in points:
+        ev = events(root, p)
+        assert [e["event"] for e in ev] == ["start", "end"] and ev[1]["action"] == "done", ev
+        spans.append((ev[0]["t"], ev[1]["t"]))
+        assert json.loads((root / p / "results.json").read_text())["status"] == "done"
+    assert max_overlap(spans) == 2, spans  # throttled to 2, and 2 did run side by side
+    rows = table_rows(root)  # written by the dependent job once the array ended
+    assert sorted(rows) == sorted(points) and all("| done |" in r for r in rows.values()), rows
+    t1 = time.monotonic()
+    again = slurm_sh(slurm_cluster, "lr_x_model", "TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "4", *TINY, **sweep)
+    resubmit = time.monotonic() - t1
+    assert again.returncode == 0, again.stderr
+    assert "nothing submitted" in again.stdout and all(f"skip {p} (done)" in again.stdout for p in points)
+    assert not slurm_cluster.run("squeue", "-h").stdout.strip()
+    assert len(list((root / "slurm").glob("submit-*.tsv"))) == 1  # no second array
+    print(f"4-point sweep (throttle 2): {wall:.1f} s to all ended; re-submission {resubmit:.2f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["scontrol-requeue", "scancel-usr1"])
+def test_preempted_task_continues_exactly(slurm_cluster: Cluster, tmp_path: Path, reference: Path, how: str) -> None:
+    """A task preempted mid-epoch is requeued, resumes from its checkpoint and ends equal to the run left alone."""
+    out = tmp_path / "pt"
+    sub = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), *LONG)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.split("array job ")[1].split()[0]
+    per_epoch = json.loads((reference / "results.json").read_text())["step"] // 3
+    wait_step(out, per_epoch + per_epoch // 3)  # a third into epoch 2
+    t_signal = time.time()
+    if how == "scontrol-requeue":  # SLURM's own requeue: SIGTERM to every process, the runner saves
+        slurm_cluster.run("scontrol", "requeue", f"{job}_0")
+    else:  # the user's (or a preempting scheduler's) USR1: the task saves and requeues itself
+        slurm_cluster.run("scancel", "--signal=USR1", "--full", f"{job}_0")
+    stop_step, latency = wait_resumed(slurm_cluster, out, t_signal)
+    wait_all_ended(slurm_cluster)
+    ev = events(out.parent, "pt")
+    assert [e["event"] for e in ev] == ["start", "end", "start", "end"], ev
+    assert ev[1]["action"] == ("stopped" if how == "scontrol-requeue" else "requeue"), ev[1]
+    assert ev[2]["restart"] == 1 and ev[3]["action"] == "done", ev
+    assert per_epoch < stop_step < 2 * per_epoch, (stop_step, per_epoch)  # mid-epoch 2
+    assert f"resumed from {out / 'checkpoints' / 'last.pth'}" in (out.parent / "logs" / "pt.log").read_text()
+    assert_same_run(out, reference)
+    print(f"{how}: from the signal to the requeued task's next step (step {stop_step + 1}): {latency:.1f} s")
+
+
+@pytest.mark.slow
+def test_time_limit_warning_saves_requeues_and_finishes(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """--time=1 with USR1 45 s before it: the task saves at the warning, requeues itself and finishes."""
+    out = tmp_path / "tl"
+    sub = slurm_sh(slurm_cluster, "--time=1", "run", "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.EPOCHS", "6",
+                   *TINY, WARN_SIGNAL="USR1@45")
+    assert sub.returncode == 0, sub.stderr
+    wait_all_ended(slurm_cluster, timeout=200)
+    ev = events(out.parent, "tl")
+    ends = [e for e in ev if e["event"] == "end"]
+    assert ends[0]["action"] == "requeue", ends  # stopped by the warning signal (or TRAIN.TIME_LIMIT), requeued
+    assert ends[-1]["action"] == "done" and len(ends) >= 2, ends
+    assert json.loads((out / "results.json").read_text())["status"] == "done"
+    steps = [r["step"] for r in read_jsonl(out / "metrics.jsonl") if "train/loss" in r]
+    assert steps == list(range(1, steps[-1] + 1)), "steps lost or repeated across the requeue"
+
+
+@pytest.mark.slow
+def test_bad_key_fails_once_and_the_table_says_why(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """A point with a key that does not exist: exit 2 once, no requeue, one table line naming the key."""
+    out = tmp_path / "bad"
+    sub = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.NO_SUCH_KEY", "1", *TINY)
+    assert sub.returncode == 0, sub.stderr
+    wait_all_ended(slurm_cluster)
+    ev = events(tmp_path, "bad")
+    assert [e["event"] for e in ev] == ["start", "end"] and ev[1]["action"] == "failed" and ev[1]["rc"] == 2, ev
+    row = table_rows(tmp_path)["bad"]
+    assert "| failed |" in row and "TRAIN.NO_SUCH_KEY" in row and "exit 2" in row, row
+
+
+@pytest.mark.slow
+def test_two_process_point_through_srun_and_torchrun(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """NPROC_PER_NODE=2: the task runs srun -> torchrun with 2 gloo processes, and the point is done."""
+    out = tmp_path / "ddp"
+    sub = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.EPOCHS", "1",
+                   "TRAIN.MAX_STEPS", "4", *TINY, NPROC_PER_NODE="2")
+    assert sub.returncode == 0, sub.stderr
+    wait_all_ended(slurm_cluster)
+    task_out = next((tmp_path / "slurm" / "logs").glob("*_0.out")).read_text()
+    assert "1 node(s) x 2 process(es)" in task_out and "ddp: done" in task_out, task_out
+    assert json.loads((out / "results.json").read_text())["status"] == "done"
+    log = (tmp_path / "logs" / "ddp.log").read_text()
+    assert "on cpu (2 processes)" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("setting, env, fragment", [
+    ("throttle 0", {"THROTTLE": "0"}, "THROTTLE=0"),
+    ("no points", {"LRS": " "}, "LRS holds no value"),
+    ("no sbatch", {"SBATCH": "/nonexistent/sbatch"}, "SBATCH=/nonexistent/sbatch"),
+    ("SLURM_CONF unreadable", {"SLURM_CONF": "/nonexistent/slurm.conf"}, "SLURM_CONF=/nonexistent/slurm.conf"),
+    ("bad warning signal", {"WARN_SIGNAL": "HUP@60"}, "WARN_SIGNAL=HUP@60"),
+])
+def test_bad_setting_is_one_line_before_submitting(tmp_path: Path, setting: str, env: dict, fragment: str) -> None:
+    """Each mistake: exit 2, one line naming the setting, and no submission folder."""
+    root = tmp_path / "s"
+    proc = slurm_sh(None, "lr_x_model", **{"SWEEP_ROOT": str(root), "SBATCH": sys.executable, **env})
+    assert_user_error(proc, fragment)
+    assert not (root / "slurm").exists(), setting

@@ -1,0 +1,185 @@
+"""The parts of tools/sweeps/slurm.sh that are hard in shell: what an ended array task does next, the job's time
+left as TRAIN.TIME_LIMIT, and the sweep's table with each point's SLURM history.
+
+  slurm_helper.py start EVENTS                 note a task's start (EVENTS: ROOT/slurm/events/POINT.jsonl)
+  slurm_helper.py end EVENTS OUT LOG RC SIGNAL  note its end; print the action (done|requeue|busy|failed) and why
+  slurm_helper.py time-limit LEFT              squeue's %L (time left) as TRAIN.TIME_LIMIT seconds, or nothing
+  slurm_helper.py table ROOT [--out FILE]      tools/summarize.py's table plus 'slurm' (requeues, why a point failed)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from runner.errors import UserError, argument_error, cli
+
+HUNG_REQUEUES = 1  # a hung task (exit 76) is requeued this many times, then left failed
+BUSY = "is in use by a running job"  # the run lock's refusal: another task trains this point
+PREEMPTED, HUNG = 75, 76
+
+
+def read_events(path: Path) -> list[dict]:
+    """The events of one point, oldest first (lines that do not parse are skipped: a task killed mid-write)."""
+    events = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return events
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
+
+
+def append_event(path: Path, **event) -> None:
+    """One JSON line, appended in one write (the file is shared by every task of the point, one at a time)."""
+    event = {"t": time.time(), "job": os.environ.get("SLURM_JOB_ID", ""),
+             "array": f"{os.environ.get('SLURM_ARRAY_JOB_ID', '')}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}",
+             "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), **event}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def last_error(log: Path) -> str:
+    """The run's one-line reason from its log: the last 'error:' line, else the last line."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    return (errors or lines or [""])[-1]
+
+
+def run_status(out: Path, since: float) -> dict:
+    """OUTPUT_DIR/run.json when this task wrote it (a file older than the task's start says nothing)."""
+    path = out / "run.json"
+    try:
+        if path.stat().st_mtime < since - 1:
+            return {}
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def decide(events: list[dict], out: Path, log: Path, rc: int, signalled: str) -> tuple[str, str]:
+    """What an ended task does next, and why: torchrun reports 1 for a worker's 75, so run.json decides too."""
+    start = next((e["t"] for e in reversed(events) if e.get("event") == "start"), 0.0)
+    status = run_status(out, start).get("status", "")
+    results = out / "results.json"
+    if rc == 0 or status == "done":
+        if rc == 0 or results.exists():
+            return "done", "finished"
+    error = last_error(log)
+    if rc == 2 and BUSY in error:
+        return "busy", f"another task trains this point ({error})"
+    if signalled == "TERM":  # SLURM ended the job (scontrol requeue, scancel, the time limit): it decides
+        return "stopped", f"stopped by SLURM (SIGTERM), exit {rc}, run.json {status or '-'}"
+    if rc == PREEMPTED or status == "preempted":
+        if (events_stop := out.parent / "slurm" / "STOP").exists():
+            return "stopped", f"saved; not requeued: {events_stop} exists"
+        why = f"saved and stopped at the warning signal ({signalled})" if signalled else "saved and stopped"
+        return "requeue", why
+    if rc == HUNG or status == "hung":
+        hung = sum(1 for e in events if e.get("event") == "end" and e.get("action") == "requeue"
+                   and e.get("why", "").startswith("hung"))
+        if hung < HUNG_REQUEUES:
+            return "requeue", "hung (exit 76): requeued once"
+        return "failed", f"hung again after {hung} requeue(s) (exit 76); see {out}/hang"
+    return "failed", f"exit {rc}: {error or 'no output'}"
+
+
+def time_limit(left: str) -> str:
+    """squeue's time left ([D-]HH:MM:SS, MM:SS) as TRAIN.TIME_LIMIT seconds: 30 s or a tenth below, or ''."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", left.strip())
+    if not m:
+        return ""  # UNLIMITED, NOT_SET, INVALID: no backstop
+    d, h, mi, s = (int(x or 0) for x in m.groups())
+    seconds = ((d * 24 + h) * 60 + mi) * 60 + s
+    return str(max(10, int(min(seconds - 30, seconds * 0.9))))
+
+
+def table(root: Path) -> str:
+    """summarize's markdown table for ROOT, with a 'slurm' column; points that never made a folder get a row."""
+    from runner.summary import Row, best_index, sort_rows, summarize, to_markdown
+
+    rows = summarize(root)
+    by_name = {Path(r["run"]).name: r for r in rows}
+    for path in sorted((root / "slurm" / "events").glob("*.jsonl")):
+        events = read_events(path)
+        ends = [e for e in events if e.get("event") == "end"]
+        requeues = sum(1 for e in ends if e.get("action") == "requeue")
+        last = ends[-1] if ends else {}
+        row = by_name.get(path.stem)
+        if row is None:  # stopped before its folder existed (a bad key): the reason is only in our events
+            row = Row(run=path.stem, **{k: None for k in (rows[0] if rows else {}) if k not in ("run",)})
+            row.config_known = False
+            row.update(status="failed" if last.get("action") == "failed" else "pending", note="")
+            rows.append(row)
+            by_name[path.stem] = row
+        parts = [f"requeued {requeues}x"] if requeues else []
+        if last.get("action") == "failed":
+            parts.append(last.get("why", ""))
+        elif not ends:
+            parts.append("started, not ended" if events else "")
+        row["slurm"] = "; ".join(p for p in parts if p)
+    for row in rows:
+        row.setdefault("slurm", "")
+    if not rows:
+        return f"no runs under {root}\n"
+    rows = sort_rows(rows, "run", descending=False)
+    return to_markdown(rows, best_index(rows))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module's docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("start").add_argument("events", type=Path)
+    end = sub.add_parser("end")
+    for name in ("events", "out", "log"):
+        end.add_argument(name, type=Path)
+    end.add_argument("rc", type=int)
+    end.add_argument("signalled", nargs="?", default="")
+    sub.add_parser("time-limit").add_argument("left")
+    tab = sub.add_parser("table")
+    tab.add_argument("root", type=Path)
+    tab.add_argument("--out", type=Path, help="also write the table to this file")
+    parser.error = argument_error
+    for p in sub.choices.values():
+        p.error = argument_error
+    return parser.parse_args(argv)
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand."""
+    args = parse_args(argv)
+    if args.cmd == "start":
+        append_event(args.events, event="start", host=os.uname().nodename)
+    elif args.cmd == "end":
+        action, why = decide(read_events(args.events), args.out, args.log, args.rc, args.signalled)
+        append_event(args.events, event="end", rc=args.rc, action=action, why=why)
+        print(f"{action}\t{why}")
+    elif args.cmd == "time-limit":
+        print(time_limit(args.left))
+    else:
+        if not args.root.is_dir():
+            raise UserError(f"ROOT {args.root} is not a folder; give the sweep's root (SWEEP_ROOT)")
+        text = table(args.root)
+        sys.stdout.write(text)
+        if args.out:
+            args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One array task of tools/sweeps/slurm.sh (sbatch runs a copy of this file, so the folder comes as argument):
+#   slurm_task.sh TOOLS_SWEEPS_DIR MANIFEST
+# Trains line SLURM_ARRAY_TASK_ID of MANIFEST (point, root, train.py arguments) through srun: one process, or
+# one torchrun per node with the c10d rendezvous on the allocation's first node. The warning signal (USR1 or
+# USR2 to this shell) goes on to the training processes as USR1: they save and exit 75, and this task requeues
+# its own array element, which then resumes from the checkpoint. Exit 76 (hung) is requeued once; other
+# failures are not. SIGTERM from SLURM (scontrol requeue, scancel, the time limit) is left to SLURM.
+set -uo pipefail
+HERE=$1 MANIFEST=$2
+PY=${PYTHON:-python}
+HELPER=("$PY" "$HERE/slurm_helper.py")
+task=${SLURM_ARRAY_TASK_ID:-0}
+IFS=$'\t' read -r name root quoted < <(sed -n "$((task + 1))p" "$MANIFEST")
+[[ -n ${name:-} ]] || { echo "slurm task: line $((task + 1)) of $MANIFEST is missing" >&2; exit 2; }
+eval "args=($quoted)"
+out=$root/$name log=$root/logs/$name.log events=$root/slurm/events/$name.jsonl
+if [[ -e $root/slurm/STOP ]]; then
+  echo "slurm task: $name not started: $root/slurm/STOP exists (the sweep was stopped; re-submit to go on)"
+  exit 0
+fi
+
+# TRAIN.TIME_LIMIT from the job's time left: a backstop where the warning signal does not come in time
+left=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %L 2>/dev/null) || left=""
+limit=$("${HELPER[@]}" time-limit "${left:-UNLIMITED}")
+[[ -z $limit || " ${args[*]} " == *" TRAIN.TIME_LIMIT "* ]] || args+=(TRAIN.TIME_LIMIT "$limit")
+
+nodes=${SLURM_JOB_NUM_NODES:-1}
+gpus=${SLURM_GPUS_PER_NODE:-}
+gpus=${gpus##*:}  # type:count -> count
+nproc=${NPROC_PER_NODE:-${gpus:-1}}
+if ((nodes == 1 && nproc == 1)); then
+  run=("$PY" "${args[@]}")
+else
+  head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+  port=${RDZV_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}  # per job: tasks sharing a node do not collide
+  run=("$PY" -m torch.distributed.run --nnodes="$nodes" --nproc_per_node="$nproc" --rdzv-backend=c10d
+    --rdzv-id="${SLURM_JOB_ID:-0}" --rdzv-endpoint="$head:$port" "${args[@]}")
+fi
+mkdir -p "$root/logs"
+echo "slurm task: $name, job ${SLURM_JOB_ID:-?} (array ${SLURM_ARRAY_JOB_ID:-?}_$task, restart" \
+  "${SLURM_RESTART_COUNT:-0}), $nodes node(s) x $nproc process(es), log $log"
+"${HELPER[@]}" start "$events"
+
+signalled="" interrupted=0
+forward() {  # SIG: the warning signal or a scancel --signal: every training process saves and stops
+  signalled=$1 interrupted=1
+  echo "slurm task: SIG$1: asking the training processes of $name to save and stop"
+  scancel --signal=USR1 "${SLURM_JOB_ID:-0}" 2>/dev/null || kill -USR1 "$pid" 2>/dev/null || true
+}
+trap 'forward USR1' USR1
+trap 'forward USR2' USR2
+trap 'signalled=TERM interrupted=1' TERM
+# torchrun dies of USR1 (no handler): the step ignores it, the runner in each worker installs its own
+srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 bash -c 'trap "" USR1 USR2; exec "$@"' step \
+  "${run[@]}" >>"$log" 2>&1 &
+pid=$!
+rc=""
+while [[ -z $rc ]]; do
+  interrupted=0
+  wait "$pid"
+  r=$?
+  ((interrupted)) || rc=$r  # a trap cut the wait short: the step still runs (or its status is kept for wait)
+done
+
+IFS=$'\t' read -r action why < <("${HELPER[@]}" end "$events" "$out" "$log" "$rc" "$signalled")
+echo "slurm task: $name: ${action:-failed} (${why:-the helper gave no answer})"
+case ${action:-failed} in
+  requeue)
+    scontrol requeue "${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}_$task" ||
+      echo "slurm task: scontrol requeue failed; re-submit the sweep to continue $name" >&2
+    exit 0 ;;
+  done | busy) exit 0 ;;
+  *) exit $((rc ? rc : 1)) ;;
+esac
