@@ -45,6 +45,13 @@ def log_to_file(message: str) -> None:
             handler.emit(log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None))
 
 
+def _to_file(message: str) -> None:
+    """An INFO line for log.txt only: the console shows it another way (the progress bar's postfix)."""
+    for handler in log.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, message, None, None))
+
+
 def truncate_jsonl(path: Path, last_step: int) -> None:
     """Drop lines past `last_step` (and any partial trailing line) so a resumed run never duplicates steps."""
     if not path.exists():
@@ -129,8 +136,12 @@ class MetricWriter:
         mode = cfg.LOG.PROGRESS
         if mode == "bar" or (mode == "auto" and sys.stdout.isatty()):
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self.bar = tqdm(total=total_steps, initial=resume_step, unit="step", dynamic_ncols=True, leave=True)
+            # log lines go through tqdm.write, which lifts the bar first: a line never starts after the bar
+            self._redirect = logging_redirect_tqdm([log])
+            self._redirect.__enter__()
 
     def write(self, step: int, epoch: int, scalars: dict[str, float]) -> None:
         """Record scalars at `step` in every sink."""
@@ -149,13 +160,17 @@ class MetricWriter:
         if self.tb is not None:
             self.tb.flush()
 
-    def console(self, text: str, step: int | None = None, postfix: str | None = None) -> None:
-        """A progress line: the bar's postfix on a terminal, a log line otherwise."""
+    def console(self, text: str, step: int | None = None, postfix: str | None = None, epoch: str = "") -> None:
+        """A progress line: the bar (`epoch` its description, `postfix` after it) on a terminal, a log line
+        otherwise; log.txt gets the line either way."""
         if not self.enabled:
             return
         if self.bar is not None and step is not None:
             self.bar.n = step
+            if epoch:
+                self.bar.set_description_str(epoch, refresh=False)
             self.bar.set_postfix_str(postfix or text, refresh=True)
+            _to_file(text)
         else:
             log.info(text)
 
@@ -190,6 +205,7 @@ class MetricWriter:
             return
         if self.bar is not None:
             self.bar.close()
+            self._redirect.__exit__(None, None, None)
         self.jsonl.close()
         if self.tb is not None:
             self.tb.close()

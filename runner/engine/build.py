@@ -264,6 +264,7 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -
         lock.release()
         raise AlreadyDone(*done, dist.is_main)
     setup_logging(str(out) if dist.is_main else None, dist.rank)
+    log.info("OUTPUT_DIR %s (log.txt, metrics.jsonl, checkpoints/, results.json)", out.resolve())
     if attempt:
         log.info("OUTPUT_DIR %s holds %s of this same config but no checkpoint: starting over (metrics.jsonl "
                  "and TensorBoard restart at step 1; log.txt keeps the earlier lines above this one)", out, attempt)

@@ -148,7 +148,7 @@ class MetricLogger(Hook):
         shown = (f"loss {scalars['train/loss']:.4f} lr {scalars['train/lr']:.3g} "
                  f"img/s {scalars['train/img_per_s']:.0f}")
         self.writer.console(f"epoch {epoch}/{self.epochs} step {trainer.step}/{trainer.total_steps} {shown} eta {eta}",
-                            step=trainer.step, postfix=shown)
+                            step=trainer.step, postfix=shown, epoch=f"epoch {epoch}/{self.epochs}")
         self.reset(trainer)
 
     def _scalars(self, trainer) -> dict[str, float]:

@@ -75,9 +75,9 @@ class RunStatus(Hook):
             runstate.write_json_atomic(self.out / "results.json", results)
             self.write(runstate.DONE, trainer.step)
         best = self.evaluator.best if self.evaluator is not None else NO_BEST
-        log.info("done: val/top1 %s val/top5 %s (best %.2f at epoch %d), %d steps, %.1fs",
+        log.info("done: val/top1 %s val/top5 %s (best %.2f at epoch %d), %d steps, %.1fs; OUTPUT_DIR %s",
                  _fmt(results["val/top1"]), _fmt(results["val/top5"]), best["val/top1"], best["epoch"],
-                 trainer.step, results["wall_s"])
+                 trainer.step, results["wall_s"], self.out.resolve())
         trainer.results = results
 
     def results(self, trainer) -> dict:
