@@ -1,0 +1,154 @@
+"""DATA.NAME shards: the order (layout-free, each sample once, each rank its own streams), the loaders over local
+files, HTTP (http.server on 127.0.0.1, bytes counted) and pipe:cat, exact resumes through tools/train.py and
+torchrun, the class-ordered worst case against the folder path, and bad inputs (exit 2, one line)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from itertools import islice
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.config import load_config
+from runner.data.loaders import rank_sequence
+from runner.data.shards import build_shards
+from runner.data.shards.order import EpochPlan
+from runner.distributed import Dist
+from tests.data.fixtures import export_digits_jpegs
+from tests.utils import ROOT, env, run_tool
+
+CPU = torch.device("cpu")
+DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
+
+
+def make_shards(src: Path, dst: Path, *extra: str) -> Path:
+    """tools/make_shards.py SRC DST with `extra` arguments; returns DST."""
+    done = run_tool("make_shards.py", [str(src), str(dst), *extra], timeout=120)
+    assert done.returncode == 0, done.stderr
+    return dst
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> tuple[Path, Path]:
+    """The digits as a 16 px JPEG folder and as shards of 100 samples (mixed classes)."""
+    base = tmp_path_factory.mktemp("shards")
+    jpegs = export_digits_jpegs(base / "jpegs", size=16)
+    return jpegs, make_shards(jpegs, base / "shards", "--shard-size", "100")
+
+
+class Server:
+    """tests/data/shard_server.py over `root` on 127.0.0.1, stopped by pid; `served()` reads its byte log."""
+
+    def __init__(self, root: Path, log: Path):
+        self.log = log
+        self.p = subprocess.Popen([sys.executable, "-m", "tests.data.shard_server", str(root), str(log)],
+                                  stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env())
+        self.url = f"http://127.0.0.1:{int(self.p.stdout.readline())}"
+
+    def served(self, prefix: str = "") -> int:
+        """Body bytes sent for paths starting with `prefix`."""
+        rows = [line.split() for line in self.log.read_text().splitlines()] if self.log.exists() else []
+        return sum(int(n) for path, _, n in rows if path.startswith(prefix))
+
+    def stop(self) -> None:
+        """Kill the server process (ours, by pid) and reap it."""
+        os.kill(self.p.pid, signal.SIGKILL)
+        self.p.wait(10)
+
+
+@pytest.fixture
+def server(digits, tmp_path):
+    srv = Server(digits[1], tmp_path / "served.log")
+    yield srv
+    srv.stop()
+
+
+def config(root: str, *extra: str):
+    """A shards config over `root` (16 px, resnet10t, batch 16)."""
+    cfg, _ = load_config(["--cfg", DIGITS, "MODEL.NAME", "resnet10t", "DATA.NAME", "shards", "DATA.ROOT", root,
+                          "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "16", "DATA.SHARD_WINDOW", "64",
+                          "AUG.SCALE", "[0.5, 1.0]", *extra])
+    return cfg
+
+
+def batches(cfg, rank: int = 0, world: int = 1, start: int = 0, n: int | None = None, workers: int = 0):
+    """The training batches of one rank (in-process; `workers` loader workers), from batch `start`."""
+    cfg.defrost()
+    cfg.DATA.NUM_WORKERS = workers
+    cfg.freeze()
+    train, _, _ = build_shards(cfg, Dist(rank, world, rank, CPU), 32)
+    train.set_epoch(0, start)
+    return list(islice(iter(train), n))
+
+
+def shard_bytes(root: Path, split: str) -> int:
+    """Size of a split's tar files."""
+    return sum(p.stat().st_size for p in (root / split).glob("*.tar"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The order
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_each_sample_once_and_each_rank_its_own_streams(world):
+    counts = [100] * 14 + [37]
+    plan = EpochPlan(counts, streams=8, window=64, seed=3, epoch=1)
+    assert len(plan) == sum(counts) // 8 * 8
+    virtual = set()
+    for p in range(len(plan)):
+        k, b, o = plan.where(p)
+        virtual.add(plan.block_range(k, b)[0] + plan.block_order(k, b)[o])
+    assert len(virtual) == len(plan)  # a permutation of the first len(plan) virtual samples: none twice
+    for rank in range(world):
+        seq = rank_sequence(torch.arange(len(plan)), 16, Dist(rank, world, rank, CPU), 8 // world)
+        assert set((seq % 8 % world).tolist()) == {rank}  # rank r meets only streams k = r (mod world)
+    assert plan.perm != EpochPlan(counts, 8, 64, seed=3, epoch=2).perm  # shards permuted per epoch
+
+
+def test_two_ranks_and_one_accumulating_two_get_the_same_batches(digits):
+    cfg = config(str(digits[1]), "TRAIN.ACCUM_STEPS", "2")
+    one = batches(cfg, n=8)
+    cfg = config(str(digits[1]))
+    r0, r1 = batches(cfg, 0, 2, n=4), batches(cfg, 1, 2, n=4)
+    two = [b for pair in zip(r0, r1, strict=True) for b in pair]  # step s: chunk 0 = rank 0, chunk 1 = rank 1
+    for (x, y), (x2, y2) in zip(one, two, strict=True):
+        assert torch.equal(y, y2) and torch.equal(x, x2)  # same samples, same seeded crops
+    assert len({int(t) for _, y in one for t in y}) == 10  # class-mixed batches
+
+
+def test_workers_and_a_mid_epoch_start_give_the_same_batches(digits):
+    cfg = config(str(digits[1]))
+    alone = batches(cfg, n=12)
+    with_workers = batches(cfg, n=12, workers=2)
+    resumed = batches(cfg, start=7, n=5, workers=2)
+    for (x, y), (x2, y2) in zip(alone, with_workers, strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    for (x, y), (x2, y2) in zip(alone[7:], resumed, strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Three ways to serve the same shards
+# ---------------------------------------------------------------------------------------------------------
+def test_http_and_pipe_give_the_local_batches(digits, server):
+    local = batches(config(str(digits[1])), n=3)
+    http = batches(config(server.url), n=3)
+    pipe = batches(config(str(digits[1]), "DATA.SHARD_URL", "pipe:cat {root}/{split}/{name}"), n=3)
+    for (x, y), (xh, yh), (xp, yp) in zip(local, http, pipe, strict=True):
+        assert torch.equal(x, xh) and torch.equal(x, xp) and torch.equal(y, yh) and torch.equal(y, yp)
+    assert server.served("/train/train-") > 0
+
+
+def test_two_ranks_with_two_workers_read_the_data_set_about_once(digits, server):
+    cfg = config(server.url, "DATA.SHARD_WINDOW", "1000", "DATA.SHARD_STREAMS", "4")
+    for rank in (0, 1):
+        got = batches(cfg, rank, 2, workers=2)
+        assert len(got) == 1437 // 32
+    total = shard_bytes(digits[1], "train")
+    largest = max(p.stat().st_size for p in (digits[1] / "train").glob("*.tar"))
+    # streams are contiguous runs of the permuted shards: two adjacent streams both read their shared shard
+    assert total * 0.97 < server.served("/train/train-") <= total + 3 * largest  # (streams - 1) shards twice at most
