@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Learning rates x models, one point after another; safe to re-run: done points are skipped, interrupted
 # ones resume, missing ones start. Extra arguments are KEY VALUE overrides passed to every point.
-#   [SWEEP_ROOT=dir] [LRS="0.1 0.05"] [MODELS="resnet18 resnet10t"] [CFG=file] [PYTHON=python] \
+#   [SWEEP_ROOT=dir] [LRS="0.008 0.002"] [MODELS="test_resnet resnet10t"] [CFG=file] [PYTHON=python] \
 #     tools/sweeps/lr_x_model.sh [KEY VALUE ...]
 # LRS and MODELS are lists taken as typed, never glob-expanded (MODELS='resnet*' is the model name resnet*):
 # space-separated, or one item per line when an item holds spaces (MODELS=$'a b\nc'). A KEY VALUE argument
@@ -13,9 +13,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 lr_x_model_points() {  # [KEY VALUE ...]: every LR x model; the one list, also read by slurm.sh
   local lr model lrs models
-  sweep_list LRS "0.2 0.1 0.05"
+  sweep_list LRS "0.008 0.004 0.002"  # around the default CFG's AdamW LR (0.004)
   lrs=("${ITEMS[@]}")
-  sweep_list MODELS "resnet18 resnet10t"
+  sweep_list MODELS "test_resnet resnet10t"
   models=("${ITEMS[@]}")
   check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
   for lr in "${lrs[@]}"; do

@@ -11,9 +11,9 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-sweep_list LRS "0.2 0.1 0.05"
+sweep_list LRS "0.008 0.004 0.002"  # around the default CFG's AdamW LR (0.004)
 lrs=("${ITEMS[@]}")
-sweep_list MODELS "resnet18 resnet10t"
+sweep_list MODELS "test_resnet resnet10t"
 models=("${ITEMS[@]}")
 check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
 
