@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train and evaluate a timm model as a YAML config says.
 
-    python tools/train.py --cfg configs/digits/resnet18.yaml [KEY VALUE ...]
+    python tools/train.py --cfg configs/digits/test_resnet.yaml [KEY VALUE ...]
     torchrun --standalone --nproc_per_node=N tools/train.py --cfg ... [KEY VALUE ...]
 
 Exit codes: 0 done (also: the run was already done), 2 a mistake in the config or arguments (on any rank),

@@ -7,7 +7,7 @@ import pytest
 import timm
 from timm.optim import list_optimizers
 
-from runner.config import load_config
+from runner.config import diff_configs, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "test" not in p.parts and p.name != "base.yaml")
@@ -24,3 +24,11 @@ def test_example_config_loads(path, tmp_path):
     assert cfg.is_frozen()
     assert timm.is_model(cfg.MODEL.NAME), cfg.MODEL.NAME
     assert cfg.TRAIN.OPTIMIZER in list_optimizers()
+
+
+def test_digits_config_old_name_loads_the_renamed_one():
+    """configs/digits/resnet18.yaml (the old name) is test_resnet.yaml but for its own default OUTPUT_DIR."""
+    old, _ = load_config(["--cfg", str(ROOT / "configs/digits/resnet18.yaml")])
+    new, _ = load_config(["--cfg", str(ROOT / "configs/digits/test_resnet.yaml")])
+    assert new.MODEL.NAME == "test_resnet" and new.OUTPUT_DIR.endswith("digits/test_resnet")
+    assert diff_configs(old, new) == [("OUTPUT_DIR", old.OUTPUT_DIR, new.OUTPUT_DIR)]

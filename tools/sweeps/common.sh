@@ -10,7 +10,7 @@
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=${PYTHON:-python}
-CFG=${CFG:-$REPO/configs/digits/resnet18.yaml}
+CFG=${CFG:-$REPO/configs/digits/test_resnet.yaml}
 
 sweep_fail() {  # MESSAGE: a mistake in the sweep's settings: one line on stderr, exit 2, nothing started
   echo "sweep: $*" >&2
@@ -87,7 +87,7 @@ sweep_init() {  # NAME SLOTS: sets ROOT (SWEEP_ROOT or output/sweeps/NAME) and t
   need_count JOBS "$2"
   NSLOTS=$JOBS
   command -v "$PY" >/dev/null || sweep_fail "PYTHON=$PY is not a program found on PATH; give the interpreter"
-  [[ -f $CFG ]] || sweep_fail "CFG=$CFG is not a file; give a config file, e.g. CFG=configs/digits/resnet18.yaml"
+  [[ -f $CFG ]] || sweep_fail "CFG=$CFG is not a file; give a config file, e.g. CFG=configs/digits/test_resnet.yaml"
   mkdir -p -- "$ROOT" 2>/dev/null || sweep_fail "SWEEP_ROOT=$ROOT cannot be made a folder; give a folder path"
   SLOT=0 STOP=0 SKIPPED=0 SLOT_PID=() FAILED=()
   declare -gA NAME_OF=()
