@@ -53,12 +53,35 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, holder_text().encode())
         self.fd = fd
+        _HELD.add(fd)
 
     def release(self) -> None:
         """Drop the lock."""
         if self.fd is not None:
+            _HELD.discard(self.fd)
             os.close(self.fd)
             self.fd = None
+
+
+# The lock descriptors this process holds. A forked child (a DataLoader worker) would share the lock with its
+# parent, and one orphaned by a SIGKILLed run would keep OUTPUT_DIR locked for seconds after the run died (a
+# requeue's rerun refused as "in use" by a dead pid): each child closes its copies at once. (Exec'd children
+# never get them: os.open's descriptors are not inheritable.)
+_HELD: set[int] = set()
+
+
+def _close_in_child() -> None:
+    """After fork, in the child: drop this process's copies of the lock descriptors (the parent keeps the lock)."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
 
 
 def in_use(out: Path, holder: str) -> UserError:

@@ -1,11 +1,15 @@
 """The run lock (runner/lock.py): one job per OUTPUT_DIR, its holder named in one format."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from runner.errors import UserError
 from runner.lock import RunLock, holder_text, is_holder_text, is_locked, refuse_if_locked
 from runner.runstate import is_our_run
+from tests.utils import is_alive
 
 
 def test_second_holder_is_refused_naming_the_first(tmp_path):
@@ -32,3 +36,38 @@ def test_a_bare_lock_of_ours_marks_the_folder(tmp_path):
     for other in ("not ours\n", "pid x on host", ""):
         (tmp_path / "run.lock").write_text(other)
         assert not is_holder_text(other) and not is_our_run(tmp_path)
+
+
+_ORPHANING = """
+import os, sys, time
+from runner.lock import RunLock
+lock = RunLock(sys.argv[1])
+lock.acquire()
+child = os.fork()
+if child == 0:  # a loader worker, say: it outlives the run that forked it
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    time.sleep(30)
+    os._exit(0)
+print("locked", child, flush=True)
+os._exit(137)  # the run dies at once, as under SIGKILL
+"""
+
+
+def test_a_dead_runs_forked_children_do_not_hold_its_lock(tmp_path):
+    """A requeue reruns at once: the killed run's orphaned workers must not keep OUTPUT_DIR locked."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _ORPHANING, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert "locked" in proc.stdout, proc.stderr
+    orphan = int(proc.stdout.split()[-1])
+    try:
+        assert is_alive(orphan)
+        lock = RunLock(tmp_path)
+        lock.acquire()  # refused as 'in use by a running job' while the orphan held it
+        lock.release()
+    finally:
+        os.kill(orphan, signal.SIGKILL)
