@@ -111,6 +111,10 @@ ENUMS = {
 # Numeric rules: key -> (predicate, what the value must be)
 _GE0 = (lambda x: x >= 0, ">= 0")
 _GE1 = (lambda x: x >= 1, ">= 1")
+# The largest image side: one 8192 px RGB image is 0.8 GB in float32; a larger value is a typo, and would end in an
+# allocator traceback rather than a line
+MAX_SIDE = 8192
+_SIDE = (lambda x: 1 <= x <= MAX_SIDE, f"in [1, {MAX_SIDE}]")
 _GT0 = (lambda x: x > 0, "> 0")
 _PROB = (lambda x: 0 <= x <= 1, "in [0, 1]")
 _RATE = (lambda x: 0 <= x < 1, "in [0, 1)")
@@ -118,7 +122,7 @@ _RULES = {
     "SEED": (lambda x: 0 <= x < 2**32, "in [0, 2**32)"),
     "MODEL.NUM_CLASSES": _GE1, "MODEL.IN_CHANS": _GE1,
     "MODEL.DROP_RATE": _RATE, "MODEL.DROP_PATH_RATE": _RATE,
-    "DATA.IMG_SIZE": _GE1, "DATA.BATCH_SIZE": _GE1, "DATA.EVAL_BATCH_SIZE": _GE0,
+    "DATA.IMG_SIZE": _SIDE, "DATA.BATCH_SIZE": _GE1, "DATA.EVAL_BATCH_SIZE": _GE0,
     "DATA.NUM_WORKERS": (lambda x: x >= -1, ">= 0 (or -1 for auto)"), "DATA.PREFETCH_FACTOR": _GE1,
     "DATA.VAL_FRACTION": (lambda x: 0 < x < 1, "in (0, 1)"), "DATA.SYNTHETIC_SIZE": _GE1,
     "DATA.BAD_FILE_BUDGET": _PROB,
@@ -134,7 +138,8 @@ _RULES = {
     "TRAIN.MAX_STEPS": _GE0, "TRAIN.BCE_TARGET_THRESH": _RATE,
     # 1 keeps every LR (timm still groups by layer); above 1 the stem would learn faster than the head
     "TRAIN.LAYER_DECAY": _PROB,
-    "EVAL.IMG_SIZE": _GE0, "EVAL.CROP_PCT": _PROB, "DATA.REPEATED_AUG": _GE1,
+    "EVAL.IMG_SIZE": (lambda x: 0 <= x <= MAX_SIDE, f"in [0, {MAX_SIDE}] (0 = DATA.IMG_SIZE)"),
+    "EVAL.CROP_PCT": _PROB, "DATA.REPEATED_AUG": _GE1,
     "DISTILL.ALPHA": _PROB, "DISTILL.TEMPERATURE": _GT0,
     "DIST.HANG_TIMEOUT_S": (lambda x: x >= 0 or x == -1, ">= 0 (0 = off) or -1 (auto)"),
     # a week: a rank that waits longer is hung; far larger values (1e300) overflow timedelta and torch's clocks
