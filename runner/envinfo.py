@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import subprocess
 import sys
 from collections.abc import Iterable
 from importlib import metadata
@@ -58,6 +59,7 @@ def format_env(info: dict[str, Any]) -> str:
         ("cuDNN", build.get("cudnn") or ("not available" if build else _NO_TORCH)),
         ("NCCL", build.get("nccl") or ("not available" if build else _NO_TORCH)),
         ("NVIDIA driver", info.get("nvidia_driver") or "not found"),
+        ("CPU model", cpu.get("model") or "unknown"),
         ("CPUs", f"{cpu.get('usable')} usable of {cpu.get('count')}"),
         ("torch threads", cpu.get("torch_threads") or _NO_TORCH),
         ("CUDA_VISIBLE_DEVICES", info.get("cuda_visible_devices") or "unset"),
@@ -85,10 +87,29 @@ def _package_version(name: str) -> str:
         return NOT_INSTALLED
 
 
+def cpu_model() -> str:
+    """The processor's name (results on the CPU depend on its kernels): /proc/cpuinfo, macOS's sysctl, or platform."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            # x86 says "model name"; some ARM kernels only "Hardware" or "Processor"
+            if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=5).stdout.strip() or platform.processor()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def _cpu_info() -> dict[str, Any]:
     """Logical CPUs on the machine and those this process may run on (cgroups/taskset narrow it)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info: dict[str, Any] = {"count": os.cpu_count(), "usable": usable, "torch_threads": None}
+    info: dict[str, Any] = {"count": os.cpu_count(), "usable": usable, "torch_threads": None, "model": cpu_model()}
     try:
         import torch
 

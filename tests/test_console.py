@@ -59,6 +59,7 @@ def test_bar_and_log_lines_never_share_a_line(tmp_path):
     where = [i for i, s in enumerate(logs) if f"OUTPUT_DIR {out}" in s]
     assert len(where) == 2 and where[0] < [i for i, s in enumerate(logs) if " eval epoch 1 " in s][0]
     assert " done: val/top1 " in logs[where[1]] and where[1] == len(logs) - 1
+    assert re.search(r"^CPU model +\S", (out / "env.txt").read_text(), re.MULTILINE)  # the run records its processor
     # on a terminal the training lines live in the bar; log.txt still has every one of them
     file_lines = (out / "log.txt").read_text().splitlines()
     trained = [m for m in map(TRAIN_LINE.search, file_lines) if m]

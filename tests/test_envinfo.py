@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,10 @@ def test_json_report_parses_and_has_torch_version():
     assert info["cuda_available"] is False and info["gpus"] == []
     assert info["gloo_available"] is True
     assert info["cpu"]["usable"] >= 1
+    # the processor by name (CPU results depend on its kernels): on Linux the one /proc/cpuinfo names
+    names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+    assert info["cpu"]["model"] == (names[0] if names else info["cpu"]["model"]) and info["cpu"]["model"] != ""
+    assert re.search(rf"^CPU model +{re.escape(info['cpu']['model'])}$", _tool().stdout, re.MULTILINE)
 
 
 def test_only_cuda_visible_devices_is_reported(monkeypatch):

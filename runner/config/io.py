@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -313,6 +314,43 @@ def config_from_yaml_text(text: str, name: str = "<stored config>") -> CN:
     validate(cfg, provenance, check_files=False)
     cfg.freeze()
     return cfg
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Key documentation (--help-keys): the comments of defaults.py are the documentation
+# ---------------------------------------------------------------------------------------------------------
+_KEY_LINE = re.compile(r"^_C\.([A-Z0-9_.]+)\s*=")
+
+
+def key_comments() -> dict[str, str]:
+    """Each leaf key of defaults.py and the comment lines right above it, read from the file itself."""
+    from runner.config import defaults
+
+    leaves, comments, block = flatten(_C), {}, []
+    for line in Path(defaults.__file__).read_text(encoding="utf-8").splitlines():
+        m = _KEY_LINE.match(line)
+        if m and m.group(1) in leaves:
+            comments[m.group(1)] = "\n".join(block)
+        if line.startswith("#") and not set(line) <= {"#", "-", " "}:
+            block.append(line.lstrip("# ").rstrip())
+        else:  # code, a blank line or a section banner: the comment above the next key starts afresh
+            block = []
+    return comments
+
+
+def help_keys_text(prefix: str = "") -> str:
+    """Every key under `prefix` (TRAIN, TRAIN.LR, '' for all) with its default and its comment."""
+    want = prefix.strip().upper()
+    comments = key_comments()
+    keys = [k for k in flatten(_C) if k.startswith(want)]
+    if not keys:
+        sections = ", ".join(k for k, v in _C.items() if isinstance(v, CN))
+        raise UserError(f"--help-keys {prefix}: no config key starts with {want}; sections: {sections}")
+    out = []
+    for key in keys:
+        out.append(f"{key} = {inline_yaml(lookup(key))}")
+        out.extend(f"    {line}" for line in comments.get(key, "").splitlines())
+    return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------------

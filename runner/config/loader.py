@@ -24,6 +24,7 @@ from runner.config.io import (
     default_output_dir,
     dump_config,
     flatten,
+    help_keys_text,
     parse_yaml,
     suggest_key,
 )
@@ -87,6 +88,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the merged config as YAML and exit")
     parser.add_argument("--explain", action="store_true",
                         help="print where every non-default value came from and exit")
+    parser.add_argument("--help-keys", nargs="?", const="", default=None, metavar="PREFIX",
+                        help="list the config keys (those starting with PREFIX, e.g. TRAIN or AUG.MIXUP) with "
+                             "their defaults and what each means, and exit")
     parser.error = argument_error  # argparse would print usage and a second line
 
 
@@ -117,7 +121,8 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
         cfg.OUTPUT_DIR = default_output_dir(info.files, info.overrides)
         info.provenance["OUTPUT_DIR"] = "derived from the --cfg file path and the overrides"
     expand_paths(cfg)
-    showing = getattr(args, "print_config", False) or getattr(args, "explain", False)
+    showing = (getattr(args, "print_config", False) or getattr(args, "explain", False)
+               or getattr(args, "help_keys", None) is not None)
     validate(cfg, info.provenance, check_files=check_paths and not showing)
     cfg.freeze()
     return cfg, info
@@ -138,6 +143,9 @@ def config_command(argv: list[str] | None, parser: argparse.ArgumentParser | str
 def handle_info_flags(cfg: CN, info: ConfigInfo) -> bool:
     """Print --print-config / --explain output if asked; True means the caller should exit 0 now."""
     shown = False
+    if getattr(info.args, "help_keys", None) is not None:
+        sys.stdout.write(help_keys_text(info.args.help_keys))
+        shown = True
     if getattr(info.args, "print_config", False):
         sys.stdout.write(info.config_text(cfg))
         shown = True
