@@ -196,7 +196,7 @@ class MetricWriter:
         hp = {k: _hparam_value(v) for k, v in hparams.items()} or {"config": "defaults"}
         tags = {k: v for k, v in metrics.items() if not k.startswith("best/") and not k.endswith(NOT_PLOTTED)}
         for summary in hparams_summaries(hp, tags):  # the experiment, the session start and its end
-            self.tb.file_writer.add_summary(summary)
+            self.tb.file_writer.add_summary(_name_session(summary, self.dir))
         self.tb.flush()
 
     def close(self) -> None:
@@ -209,6 +209,23 @@ class MetricWriter:
         self.jsonl.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def _name_session(summary, run_dir: Path):
+    """The session-start summary with a group name that begins with the run's own folder name.
+
+    TensorBoard's HParams table shows a session by its run path under --logdir, cut to a few characters
+    (`sweeps/lr_x_mo...` for every point of a sweep); a group name is shown instead. The parent path after
+    the folder name keeps two runs of one name in different folders apart (one group would average them).
+    """
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    value = summary.value[0]
+    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    if data.WhichOneof("data") == "session_start_info":
+        data.session_start_info.group_name = f"{run_dir.name} ({run_dir.parent})"
+        value.metadata.plugin_data.content = data.SerializeToString()
+    return summary
 
 
 def _clean(v: float) -> float | None:

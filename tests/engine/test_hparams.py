@@ -96,6 +96,9 @@ def test_hparams_tab_as_tensorboard_shows_it(sweep_root: Path) -> None:
         "STATUS_SUCCESS", "STATUS_UNKNOWN", "STATUS_FAILURE", "STATUS_RUNNING"]}),
         api_pb2.ListSessionGroupsRequest())
     groups = list_session_groups.Handler(ctx, backend, "", request).run().session_groups
+    # each point is its own group, named from its folder first (the table cuts long names short)
+    assert sorted(g.name for g in groups) == [f"lr{lr} ({sweep_root})" for lr in sorted(LRS)]
+    assert all(len(g.sessions) == 1 for g in groups)
     top1 = {g.hparams["TRAIN.LR"].number_value: {m.name.tag: m.value for m in g.metric_values}["val/top1"]
             for g in groups}
     # each point's row: its LR and its final val/top1, read from the run's own val/top1 curve
