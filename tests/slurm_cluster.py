@@ -118,7 +118,7 @@ class Cluster:
         """The last lines of every daemon log, for a failure message."""
         parts = []
         for f in sorted(self.root.glob("*.log")) + sorted(self.root.glob("*.out")):
-            parts.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:]))
+            parts.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-40:]))
         return "\n".join(parts)
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -24,7 +24,8 @@ SLURM_SH = str(ROOT / "tools" / "sweeps" / "slurm.sh")
 CFG = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 TINY = ["DATA.IMG_SIZE", "8", "DATA.BATCH_SIZE", "16", "DATA.VAL_FRACTION", "0.1", "DATA.NUM_WORKERS", "0",
         "LOG.PERIOD", "1"]
-LONG = ["TRAIN.EPOCHS", "3", *TINY]  # 3 x 101 steps, ~8 s: long enough to be stopped mid-epoch
+# 3 x 101 steps, ~8 s: long enough to be stopped mid-epoch; with an EMA and mixup, so that more state must resume
+LONG = ["TRAIN.EPOCHS", "3", "TRAIN.EMA", "true", "TRAIN.EMA_DECAY", "0.9", "AUG.MIXUP", "0.2", *TINY]
 
 
 def slurm_sh(cluster: Cluster | None, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -81,7 +82,9 @@ def wait_resumed(cluster: Cluster, out: Path, since: float, timeout: float = 90)
             except (OSError, ValueError):
                 pass
         time.sleep(0.1)
-    raise AssertionError(f"no step after the preemption within {timeout} s:\n{log.read_text()[-2000:]}")
+    tasks = "".join(f.read_text() for f in sorted((out.parent / "slurm" / "logs").glob("*.out")))
+    raise AssertionError(f"no step after the preemption within {timeout} s:\n{log.read_text()[-1000:]}\n{tasks}"
+                         f"\n{cluster.run('squeue', '-o', '%i %T %r %S', check=False).stdout}\n{cluster.logs()}")
 
 
 def max_overlap(spans: list[tuple[float, float]]) -> int:
