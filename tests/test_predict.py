@@ -92,6 +92,17 @@ def test_predict_table_and_bad_input(trained, tmp_path: Path):
     text.write_text("not an image")
     bad = run_tool("predict.py", "--cfg", str(cfg), "MODEL.CHECKPOINT", str(ckpt), str(text))
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "notes.jpg" in bad.stderr
+    # several images, two bad: one line for each bad one, and the good ones are still predicted
+    missing = tmp_path / "missing.png"
+    mixed = run_tool("predict.py", "--cfg", str(cfg), "MODEL.CHECKPOINT", str(ckpt), str(image), str(text),
+                     str(missing), str(image), "--json")
+    assert mixed.returncode == 2, mixed.stderr[-3000:]
+    errors = mixed.stderr.strip().splitlines()
+    assert len(errors) == 2 and "notes.jpg" in errors[0] and "missing.png does not exist" in errors[1], errors
+    out = json.loads(mixed.stdout)
+    assert [p["image"] for p in out["predictions"]] == [str(image), str(image)]
+    assert out["predictions"][0]["top"][0]["class"] == "3"
+    assert [e["image"] for e in out["errors"]] == [str(text), str(missing)]
 
 
 def _predict_module():

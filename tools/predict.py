@@ -6,7 +6,8 @@
 Any image file PIL reads (any size; grayscale, RGBA and palette images are converted) goes through the
 config's eval transform. Class names come from the checkpoint's "class_names", else the class_map.json of
 the checkpoint's run (OUTPUT_DIR/class_map.json beside OUTPUT_DIR/checkpoints/), else the class folders
-of DATA.ROOT/train, else the class indices.
+of DATA.ROOT/train, else the class indices. An image that cannot be read is one `error:` line on stderr and
+exit code 2; every other image is still predicted.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from runner.config import build_parser, config_command, flatten, get_default_config
-from runner.errors import UserError, cli
+from runner.errors import EXIT_USER, UserError, cli
 
 log = logging.getLogger("runner")
 
@@ -111,25 +112,48 @@ def main(argv: list[str] | None = None) -> int:
     use_cuda = cfg.DEVICE == "cuda" or (cfg.DEVICE == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
     model.to(device).eval()
-    transform = build_transform(cfg, is_training=False)
-    batch = torch.stack([load_input(p, transform) for p in images]).to(device)
+    inputs, good, errors = load_inputs(images, build_transform(cfg, is_training=False))
+    results = predict(model, torch.stack(inputs).to(device), good, info.args.topk,
+                      lambda n: class_names(meta, cfg, cfg.MODEL.CHECKPOINT, n)) if inputs else []
+    if info.args.json:
+        print(json.dumps({"checkpoint": cfg.MODEL.CHECKPOINT, "predictions": results,
+                          "errors": [{"image": path, "error": line} for path, line in errors]}))
+    else:
+        print_table(results)
+    return EXIT_USER if errors else 0
+
+
+def load_inputs(images: list[str], transform) -> tuple[list[torch.Tensor], list[str], list[tuple[str, str]]]:
+    """(tensors, their paths, (path, line) of each image that cannot be read); each bad one is one stderr line."""
+    inputs, good, errors = [], [], []
+    for path in images:
+        try:
+            inputs.append(load_input(path, transform))
+            good.append(path)
+        except UserError as e:  # the others are still predicted; the exit code says that one was not
+            errors.append((path, str(e)))
+            print(f"error: {e}", file=sys.stderr, flush=True)
+    return inputs, good, errors
+
+
+def predict(model, batch: torch.Tensor, paths: list[str], topk: int, names_for) -> list[dict]:
+    """The top-k classes with probabilities of each image of `batch`."""
     with torch.inference_mode():
         probs = model(batch).float().softmax(dim=1).cpu()
-    names = class_names(meta, cfg, cfg.MODEL.CHECKPOINT, probs.shape[1])
-    k = min(info.args.topk, probs.shape[1])
-    top_p, top_i = probs.topk(k, dim=1)
-    results = [{"image": path, "top": [{"class": names[i], "index": int(i), "prob": round(float(p), 6)}
-                                       for p, i in zip(ps.tolist(), idx.tolist(), strict=True)]}
-               for path, ps, idx in zip(images, top_p, top_i, strict=True)]
-    if info.args.json:
-        print(json.dumps({"checkpoint": cfg.MODEL.CHECKPOINT, "predictions": results}))
-        return 0
-    width = max(len(n) for n in names)
+    names = names_for(probs.shape[1])
+    top_p, top_i = probs.topk(min(topk, probs.shape[1]), dim=1)
+    return [{"image": path, "top": [{"class": names[i], "index": int(i), "prob": round(float(p), 6)}
+                                    for p, i in zip(ps.tolist(), idx.tolist(), strict=True)]}
+            for path, ps, idx in zip(paths, top_p, top_i, strict=True)]
+
+
+def print_table(results: list[dict]) -> None:
+    """Each image and its top classes, one per line."""
+    width = max((len(t["class"]) for r in results for t in r["top"]), default=0)
     for r in results:
         print(r["image"])
         for rank, t in enumerate(r["top"], 1):
             print(f"  {rank}. {t['class']:<{width}}  {100 * t['prob']:6.2f}%")
-    return 0
 
 
 if __name__ == "__main__":
