@@ -296,6 +296,20 @@ _C.LOG.PERIOD = 20
 _C.LOG.TENSORBOARD = True
 # Console progress: auto (bar on a terminal, plain lines otherwise) | bar | plain
 _C.LOG.PROGRESS = "auto"
+# Log to Weights & Biases too (pip install -e ".[wandb]"); scalars reach it as checkpoints cover them
+_C.LOG.WANDB = False
+# W&B project; the run is named after OUTPUT_DIR and grouped by OUTPUT_DIR's parent folder (a sweep's folder)
+_C.LOG.WANDB_PROJECT = "runner"
+# W&B entity (user or team); "" = the account's default
+_C.LOG.WANDB_ENTITY = ""
+# Extra W&B tags (a sweep's points are tagged with their swept KEY=VALUE as well)
+_C.LOG.WANDB_TAGS = ()
+# online (offline, with one line saying how to sync, when there is no API key or no network) | offline
+_C.LOG.WANDB_MODE = "online"
+# MLflow tracking URI (pip install -e ".[mlflow]"): "" = off; file:/path or sqlite:///path.db need no server
+_C.LOG.MLFLOW_URI = ""
+# MLflow experiment; "" = the name of OUTPUT_DIR's parent folder (all points of a sweep in one experiment)
+_C.LOG.MLFLOW_EXPERIMENT = ""
 
 # ---------------------------------------------------------------------------------------------------------
 # Profiler (torch.profiler)

@@ -104,6 +104,7 @@ ENUMS = {
     "AMP.DTYPE": ("bfloat16", "float16"),
     "DIST.BACKEND": ("auto", "nccl", "gloo"),
     "LOG.PROGRESS": ("auto", "bar", "plain"),
+    "LOG.WANDB_MODE": ("online", "offline"),
     "TRAIN.LOSS": ("ce", "bce"),
 }
 
