@@ -3,10 +3,14 @@ files, HTTP (http.server on 127.0.0.1, bytes counted) and pipe:cat, exact resume
 torchrun, the class-ordered worst case against the folder path, and bad inputs (exit 2, one line)."""
 from __future__ import annotations
 
+import io
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 from itertools import islice
 from pathlib import Path
 
@@ -19,7 +23,7 @@ from runner.data.shards import build_shards
 from runner.data.shards.order import EpochPlan
 from runner.distributed import Dist
 from tests.data.fixtures import export_digits_jpegs
-from tests.utils import ROOT, env, run_tool
+from tests.utils import ROOT, assert_user_error, env, run_tool
 
 CPU = torch.device("cpu")
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
@@ -152,3 +156,131 @@ def test_two_ranks_with_two_workers_read_the_data_set_about_once(digits, server)
     largest = max(p.stat().st_size for p in (digits[1] / "train").glob("*.tar"))
     # streams are contiguous runs of the permuted shards: two adjacent streams both read their shared shard
     assert total * 0.97 < server.served("/train/train-") <= total + 3 * largest  # (streams - 1) shards twice at most
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bad inputs: exit 2, one line
+# ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    """60 digits at 8 px: 5 train shards of 10, 1 val shard."""
+    base = tmp_path_factory.mktemp("small")
+    return make_shards(export_digits_jpegs(base / "jpegs", size=8, per_class=6), base / "shards", "--shard-size", "10")
+
+
+def variant(small: Path, dst: Path, shard: str = "", change=None, index: dict | None = None) -> Path:
+    """A copy of the small shards with `shard`'s members passed through change(name, data) -> data (None
+    drops the member), and train/index.json rows replaced by `index` ({name: count})."""
+    shutil.copytree(small, dst)
+    if shard:
+        path = dst / "train" / shard
+        with tarfile.open(path) as tar:
+            members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+        with tarfile.open(path, "w") as tar:
+            for name, data in members:
+                data = change(name, data)
+                if data is not None:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    if index:
+        rows = json.loads((dst / "train" / "index.json").read_text())["shards"]
+        rows = [[n, index.get(n, c)] for n, c in rows]
+        (dst / "train" / "index.json").write_text(json.dumps({"shards": rows}))
+    return dst
+
+
+def each_member(suffix: str, value: bytes | None):
+    """change() for variant: every member ending in `suffix` gets `value` (None: dropped)."""
+    return lambda name, data: value if name.endswith(suffix) else data
+
+
+def train_argv(root: str | Path, out: Path, *extra: str) -> list[str]:
+    """A one-step run over the small shards."""
+    return ["--cfg", DIGITS, "MODEL.NAME", "resnet10t", "DATA.NAME", "shards", "DATA.ROOT", str(root),
+            "DATA.IMG_SIZE", "8", "DATA.BATCH_SIZE", "8", "DATA.SHARD_STREAMS", "2", "DATA.NUM_WORKERS", "0",
+            "TRAIN.MAX_STEPS", "2", "TRAIN.EPOCHS", "1", "OUTPUT_DIR", str(out), *extra]
+
+
+def rewrite_file(path: Path, text: str | None) -> None:
+    """Replace (or with None, delete) one layout file."""
+    if text is None:
+        path.unlink()
+    else:
+        path.write_text(text)
+
+
+# (what, how to break the small shards, extra settings, fragments of the one line); checked before OUTPUT_DIR
+BEFORE_WRITING = [
+    ("no root", None, ["DATA.ROOT", ""], ["DATA.NAME shards needs DATA.ROOT"]),
+    ("no index", ("train/index.json", None), [], ["index.json does not exist"]),
+    ("index not json", ("train/index.json", "{"), [], ["index.json is not valid JSON"]),
+    ("empty shard list", ("train/index.json", '{"shards": []}'), [], ["lists no shards"]),
+    ("index not an index", ("val/index.json", '{"files": 3}'), [], ["is not a shard index"]),
+    ("no class map", ("class_map.json", None), [], ["class_map.json does not exist"]),
+    ("bad class map", ("class_map.json", '{"1": "a"}'), [], ["is not a class map"]),
+    ("pattern matches nothing", None, ["DATA.TRAIN_SHARDS", "train-{000100..000105}.tar"], ["matches none"]),
+    ("bad url template", None, ["DATA.SHARD_URL", "{root}/{shard}"], ["takes only {root}, {split} and {name}"]),
+    ("repeated augmentation", None, ["DATA.REPEATED_AUG", "2"], ["not supported with DATA.NAME shards"]),
+    ("streams below 1", None, ["DATA.SHARD_STREAMS", "0"], ["DATA.SHARD_STREAMS must be >= 1"]),
+]
+
+
+@pytest.mark.parametrize("what, breakage, extra, fragments", BEFORE_WRITING, ids=[b[0] for b in BEFORE_WRITING])
+def test_bad_layouts_and_settings_are_refused_before_writing(small, tmp_path, what, breakage, extra, fragments):
+    root = shutil.copytree(small, tmp_path / "shards")
+    if breakage:
+        rewrite_file(root / breakage[0], breakage[1])
+    out = tmp_path / "out"
+    assert_user_error(run_tool("train.py", train_argv(root, out, *extra), timeout=120), *fragments)
+    assert not out.exists()
+
+
+def test_a_stream_count_the_world_size_cannot_take_is_refused(small, tmp_path):
+    out = tmp_path / "out"
+    got = run_tool("train.py", train_argv(small, out, "DATA.SHARD_STREAMS", "4"), env=env(WORLD_SIZE="3"))
+    assert_user_error(got, "DATA.SHARD_STREAMS 4 cannot be split evenly among 3 processes", "run on 1, 2, 4")
+    assert not out.exists()
+
+
+def test_a_url_that_404s_is_named(small, tmp_path):
+    srv = Server(small, tmp_path / "served.log")
+    try:
+        got = run_tool("train.py", train_argv(f"{srv.url}/nowhere", tmp_path / "out", "DATA.SHARD_RETRIES", "2"))
+    finally:
+        srv.stop()
+    assert_user_error(got, f"{srv.url}/nowhere/class_map.json cannot be fetched after 2 tries", "404")
+
+
+JPEG_GARBAGE = b"\xff\xd8 not a jpeg"
+DURING_THE_RUN = [  # (what, variant arguments, extra settings, fragments)
+    ("corrupt image over budget", dict(shard="train-000001.tar", change=each_member(".jpg", JPEG_GARBAGE)),
+     ["DATA.BAD_FILE_BUDGET", "0"], ["of 50 train samples are unreadable", "in shard", "train-000001.tar"]),
+    ("truncated shard", {}, [], ["train-000002.tar", "truncated"]),
+    ("missing .cls", dict(shard="train-000003.tar", change=each_member(".cls", None)), [], ["has no .cls member"]),
+    ("label out of range", dict(shard="train-000004.tar", change=each_member(".cls", b"42")), [],
+     ["class 42 is outside the class map's 0..9"]),
+    ("shorter than its index", dict(index={"train-000000.tar": 14}), [], ["holds 10 samples, fewer than the 14"]),
+    ("failing pipe", {}, ["DATA.SHARD_URL", "pipe:cat {root}/{split}/missing-{name}", "DATA.SHARD_RETRIES", "2"],
+     ["missing-train-", "cannot be read after 2 tries", "No such file or directory"]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what, how, extra, fragments", DURING_THE_RUN, ids=[d[0] for d in DURING_THE_RUN])
+def test_bad_shards_are_named(small, tmp_path, what, how, extra, fragments):
+    root = variant(small, tmp_path / "shards", **how)
+    if what == "truncated shard":
+        tar = root / "train" / "train-000002.tar"
+        tar.write_bytes(tar.read_bytes()[: tar.stat().st_size // 2 + 100])
+    got = run_tool("train.py", train_argv(root, tmp_path / "out", "DATA.SHARD_STREAMS", "1", "TRAIN.MAX_STEPS", "0",
+                                          *extra), timeout=180)
+    assert_user_error(got, *fragments)
+
+
+def test_make_shards_refuses_bad_arguments(small, tmp_path):
+    assert_user_error(run_tool("make_shards.py", [str(small.parent / "jpegs"), str(small)]), "is not empty")
+    assert_user_error(run_tool("make_shards.py", [str(tmp_path), str(tmp_path / "x")]), "needs train/ and val/")
+    assert_user_error(run_tool("make_shards.py", [str(small.parent / "jpegs"), str(tmp_path / "y"),
+                                                  "--shard-size", "0"]), "--shard-size 0")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -41,10 +43,38 @@ def is_remote(root: str) -> bool:
 
 
 def gopen_url(url: str):
-    """A binary stream of `url` through webdataset's gopen (local path, http(s) via curl, or pipe:)."""
-    from webdataset import gopen  # imports torch: only once a shard is opened
+    """A binary stream of `url`: a local file through webdataset's gopen; http(s) (curl) and pipe: through its
+    Pipe, with the command's stderr kept for our one-line message instead of reaching the console."""
+    if not is_remote(url) and not url.startswith("pipe:"):
+        from webdataset import gopen  # imports torch: only once a shard is opened
 
-    return gopen(url, "rb")
+        return gopen(url, "rb")
+    from webdataset.gopen import Pipe
+
+    err = tempfile.TemporaryFile()
+    if url.startswith("pipe:"):
+        stream = Pipe(url[len("pipe:"):], mode="rb", shell=True, bufsize=8192, ignore_status=[141], stderr=err)
+    else:  # webdataset's curl call, without its 30 retries of 2 s (DATA.SHARD_RETRIES retries instead)
+        stream = Pipe(["curl", "--connect-timeout", "30", "-f", "-s", "-S", "-L", url], mode="rb", bufsize=8192,
+                      ignore_status=[141, 23], stderr=err)
+    stream.stderr_file = err
+    return stream
+
+
+def pipe_failure(stream) -> OSError | None:
+    """The failure of a pipe's command (exit status and its last stderr line), or None when it has not failed."""
+    err = getattr(stream, "stderr_file", None)
+    if err is None:
+        return None
+    try:
+        status = stream.proc.wait(timeout=2)  # its output ended or broke: it is exiting, unless it is healthy
+    except subprocess.TimeoutExpired:
+        return None
+    if status in stream.ignore_status:
+        return None
+    err.seek(0)
+    lines = err.read().decode(errors="replace").strip().splitlines()
+    return OSError(f"exit {status}" + (f": {lines[-1]}" if lines else ""))
 
 
 def fetch(url: str, retries: int = 3) -> bytes:
@@ -58,8 +88,11 @@ def fetch(url: str, retries: int = 3) -> bytes:
                 with open(url, "rb") as f:  # a missing local file is not worth retrying
                     return f.read()
             stream = gopen_url(url)
-            data = stream.read()
-            stream.close()  # a pipe (curl) reports its exit status here: a 404 is curl's exit 22
+            try:
+                data = stream.read()
+                stream.close()  # a pipe (curl) reports its exit status here: a 404 is curl's exit 22
+            except OSError as e:
+                raise pipe_failure(stream) or e from None
             return data
         except FileNotFoundError as e:
             raise UserError(f"{url} does not exist ({e.strerror})") from None

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from runner.data.folder import DECODE_ERRORS
 from runner.data.folder.dataset import seed_generators
 from runner.data.loaders import _seed_worker, epoch_seed, rank_sequence, train_batches
-from runner.data.shards.index import ShardSplit, gopen_url
+from runner.data.shards.index import ShardSplit, gopen_url, pipe_failure
 from runner.data.shards.order import EpochPlan
 from runner.distributed import Dist
 from runner.errors import UserError
@@ -46,15 +46,14 @@ def _members(url: str) -> Iterator[Sample]:
         files = ({**f, "__url__": url} for f in tar_file_iterator(stream))
         yield from group_by_keys(files)
         finished = True
-    except tarfile.TarError:
-        stream.close()  # a command that failed (curl's 404, a pipe: that exits 1) is a fetch error, retried
-        raise
+    except (tarfile.TarError, OSError) as e:  # a failed command (curl's 404, a pipe: exiting 1) is a fetch error
+        raise pipe_failure(stream) or e from None
     finally:
         try:
             stream.close()  # a pipe reports its exit status here
-        except Exception:  # stopping early kills a pipe's command (SIGPIPE): only a whole read has a verdict
+        except Exception as e:  # stopping early kills a pipe's command (SIGPIPE): only a whole read has a verdict
             if finished:
-                raise
+                raise pipe_failure(stream) or e from None
 
 
 def read_shard(url: str, first: int, end: int, retries: int) -> Iterator[Sample]:
@@ -122,14 +121,14 @@ class Decoder:
         """Count a bad image, warn about it, stop past DATA.BAD_FILE_BUDGET."""
         where = f"{sample['__key__']} in shard {sample['__url__']}"
         reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        self.failed += 1
-        if where not in self.warned:
-            self.warned.add(where)
-            log.warning("skipping sample %s: cannot decode it (%s)", where, reason)
+        self.failed += 1  # shared by the workers; two racing increments may count one (the budget is a share)
         n_bad = int(self.failed)
         if n_bad > self.budget * self.total:
             raise UserError(f"{n_bad} of {self.total} {self.split} samples are unreadable, over DATA.BAD_FILE_BUDGET "
                             f"{self.budget:.2%}; last: {where} ({reason})")
+        if where not in self.warned:
+            self.warned.add(where)
+            log.warning("skipping sample %s: cannot decode it (%s)", where, reason)
 
 
 # ---------------------------------------------------------------------------------------------------------
