@@ -19,8 +19,29 @@ log = logging.getLogger("runner")
 _FMT = "%(asctime)s %(levelname).1s %(message)s"
 
 
+class _Early(logging.Handler):
+    """Rank 0's warnings from before log.txt is open (claiming the folder: a damaged checkpoint skipped, say),
+    kept to be written into log.txt first when it opens: every warning of a run reaches its log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Keep the record (a bounded number)."""
+        if len(self.records) < 200:
+            self.records.append(record)
+
+
+_EARLY = _Early()
+
+
 def setup_logging(output_dir: str | None, rank: int) -> None:
-    """Console for rank 0 (warnings and errors only elsewhere, tagged with the rank), log.txt for rank 0."""
+    """Console for rank 0 (warnings and errors only elsewhere, tagged with the rank), log.txt for rank 0.
+
+    Python warnings (torch's, timm's) go the same way, so they reach log.txt too. Called once without a folder
+    (the console only, until the folder is known to be ours), then with it.
+    """
     log.handlers.clear()
     log.propagate = False
     log.setLevel(logging.INFO)
@@ -31,11 +52,26 @@ def setup_logging(output_dir: str | None, rank: int) -> None:
         console.setLevel(logging.WARNING)
         console.setFormatter(logging.Formatter(f"[rank {rank}] {_FMT}", "%H:%M:%S"))
     log.addHandler(console)
+    if rank == 0 and not output_dir:
+        _EARLY.records.clear()
+        log.addHandler(_EARLY)
     if rank == 0 and output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         fh = logging.FileHandler(Path(output_dir) / "log.txt", encoding="utf-8", errors="backslashreplace")
         fh.setFormatter(logging.Formatter(_FMT, "%Y-%m-%d %H:%M:%S"))
+        for record in _EARLY.records:
+            fh.handle(record)
+        _EARLY.records.clear()
         log.addHandler(fh)
+    _capture_warnings()
+
+
+def _capture_warnings() -> None:
+    """Route Python's warnings through the runner's handlers (console and log.txt), once per setup."""
+    logging.captureWarnings(True)
+    py_warnings = logging.getLogger("py.warnings")
+    py_warnings.handlers[:] = log.handlers
+    py_warnings.propagate = False
 
 
 def log_to_file(message: str) -> None:

@@ -318,6 +318,8 @@ def test_corrupt_newest_checkpoint_falls_back(reference, tmp_path, how):
     assert re.search(rf"W checkpoint {re.escape(str(newest))} is unusable \(\w+", r.stdout), r.stdout[:3000]
     assert f"checkpoint {out / 'checkpoints' / 'last.pth'} is unusable" in r.stdout
     assert RESUMED.search(r.stdout).group(1) == str(previous)
+    # warned while the folder was being claimed, before log.txt was open: log.txt has them too
+    assert f"W checkpoint {newest} is unusable" in (out / "log.txt").read_text()
     assert_same_run(out, reference)
 
 
