@@ -179,10 +179,13 @@ def test_preempted_task_continues_exactly(slurm_cluster: Cluster, tmp_path: Path
 
 @pytest.mark.slow
 def test_time_limit_warning_saves_requeues_and_finishes(slurm_cluster: Cluster, tmp_path: Path) -> None:
-    """--time=1 with USR1 45 s before it: the task saves at the warning, requeues itself and finishes."""
+    """--time=1 with USR1 50 s before it: the task saves at the warning, requeues itself and finishes.
+
+    Each attempt trains from its start-up until the warning (~10 s after the job starts; TRAIN.TIME_LIMIT 30 s
+    as the backstop), so the 4 x 101 steps take two attempts on an idle machine, more under load."""
     out = tmp_path / "tl"
-    sub = slurm_sh(slurm_cluster, "--time=1", "run", "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.EPOCHS", "6",
-                   *TINY, WARN_SIGNAL="USR1@45")
+    sub = slurm_sh(slurm_cluster, "--time=1", "run", "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.EPOCHS", "4",
+                   *TINY, WARN_SIGNAL="USR1@50")
     assert sub.returncode == 0, sub.stderr
     wait_all_ended(slurm_cluster, timeout=200)
     ev = events(out.parent, "tl")

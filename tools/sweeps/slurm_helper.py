@@ -55,7 +55,9 @@ def last_error(log: Path) -> str:
     except OSError:
         return ""
     errors = [ln for ln in lines if ln.startswith("error:")]
-    return (errors or lines or [""])[-1]
+    # srun's and slurmstepd's own lines only say that the task failed; the run's last line says why
+    own = [ln for ln in lines if not ln.startswith(("srun:", "slurmstepd"))]
+    return (errors or own or lines or [""])[-1]
 
 
 def run_status(out: Path, since: float) -> dict:
@@ -86,7 +88,7 @@ def decide(events: list[dict], out: Path, log: Path, rc: int, signalled: str) ->
     if rc == PREEMPTED or status == "preempted":
         if (events_stop := out.parent / "slurm" / "STOP").exists():
             return "stopped", f"saved; not requeued: {events_stop} exists"
-        why = f"saved and stopped at the warning signal ({signalled})" if signalled else "saved and stopped"
+        why = f"saved and stopped on SIG{signalled}" if signalled else "saved and stopped"
         return "requeue", why
     if rc == HUNG or status == "hung":
         hung = sum(1 for e in events if e.get("event") == "end" and e.get("action") == "requeue"
