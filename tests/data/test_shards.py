@@ -23,7 +23,8 @@ from runner.data.shards import build_shards
 from runner.data.shards.order import EpochPlan
 from runner.distributed import Dist
 from tests.data.fixtures import export_digits_jpegs
-from tests.utils import ROOT, assert_user_error, env, run_tool
+from tests.engine.test_resume import Launch, assert_same_run, train_rows
+from tests.utils import ROOT, TRAIN, assert_user_error, env, run_tool, torchrun
 
 CPU = torch.device("cpu")
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
@@ -284,3 +285,92 @@ def test_make_shards_refuses_bad_arguments(small, tmp_path):
     assert_user_error(run_tool("make_shards.py", [str(small.parent / "jpegs"), str(tmp_path / "y"),
                                                   "--shard-size", "0"]), "--shard-size 0")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Runs: another number of processes, and workers, resumed exactly (the real tools/train.py and torchrun)
+# ---------------------------------------------------------------------------------------------------------
+RUN = ["--cfg", DIGITS, "MODEL.NAME", "resnet10t", "DATA.NAME", "shards", "DATA.IMG_SIZE", "16",
+       "DATA.BATCH_SIZE", "16", "TRAIN.EPOCHS", "1", "LOG.PERIOD", "1", "LOG.PROGRESS", "plain",
+       "DATA.SHARD_WINDOW", "128", "AUG.SCALE", "[0.5, 1.0]", "MODEL.DROP_RATE", "0.2", "AUG.MIXUP", "0.2",
+       "TRAIN.EMA", "true", "TRAIN.EMA_DECAY", "0.9", "CHECKPOINT.PERIOD", "3", "DATA.NUM_WORKERS", "2",
+       "DATA.SHARD_STREAMS", "4"]
+STEPS = 400 // 32  # 400 train samples (4 streams of 100) in global batches of 32
+
+
+@pytest.fixture(scope="module")
+def fifty(tmp_path_factory) -> Path:
+    """50 digits a class at 16 px: 400 train samples in 16 shards of 25."""
+    base = tmp_path_factory.mktemp("fifty")
+    return make_shards(export_digits_jpegs(base / "jpegs", size=16, per_class=50), base / "shards",
+                       "--shard-size", "25")
+
+
+def run_argv(root: str, out: Path, procs: int, *extra: str) -> list[str]:
+    """RUN over `root` in `out` on `procs` processes, TRAIN.ACCUM_STEPS keeping the global batch at 32."""
+    cmd = [TRAIN, *RUN, "DATA.ROOT", root, "TRAIN.ACCUM_STEPS", str(2 // procs), *extra, "OUTPUT_DIR", str(out)]
+    return torchrun(["--standalone", f"--nproc_per_node={procs}", *cmd]) if procs > 1 else [sys.executable, *cmd]
+
+
+def losses(out: Path) -> list[float]:
+    """Every step's training loss."""
+    rows = train_rows(out)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    return [r["train/loss"] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def over_http(fifty, tmp_path_factory):
+    """The 2-process reference run, 2 loader workers each, reading the shards over HTTP; (its folder, the train
+    shard bytes the server sent, the train shards' size)."""
+    logs = tmp_path_factory.mktemp("http_ref")
+    srv = Server(fifty, logs / "served.log")
+    try:
+        run = Launch(run_argv(srv.url, logs / "ref", 2), logs, "ref")
+        assert run.finish() == 0, run.stderr[-3000:]
+        served = srv.served("/train/train-")
+    finally:
+        srv.stop()
+    return logs / "ref", served, shard_bytes(fifty, "train")
+
+
+@pytest.mark.slow
+def test_two_processes_with_two_workers_read_the_shards_once_an_epoch(over_http, fifty):
+    ref, served, total = over_http
+    largest = max(p.stat().st_size for p in (fifty / "train").glob("*.tar"))
+    assert total * 0.97 < served <= total + 3 * largest, (served, total)  # 4 streams: 3 shared boundary shards
+    assert json.loads((ref / "results.json").read_text())["val/top1"] > 50
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+def test_killed_and_resumed_on_another_number_of_processes(over_http, fifty, tmp_path, before, after):
+    out, root = tmp_path / "run", str(fifty)  # local files: where the shards are read from does not matter
+    first = Launch(run_argv(root, out, before), tmp_path, "first")
+    first.wait_step(7)
+    first.kill_all()  # SIGKILL, every process: the run continues from its last periodic checkpoint
+    saved = torch.load(out / "checkpoints" / "last.pth", map_location="cpu", weights_only=True)["step"]
+    assert 3 <= saved < STEPS, saved
+    second = Launch(run_argv(root, out, after), tmp_path, "second")
+    assert second.finish() == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout
+    got, want = losses(out), losses(over_http[0])
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-5)  # only the order of sums differs between layouts
+    res, ref_res = (json.loads((d / "results.json").read_text()) for d in (out, over_http[0]))
+    assert res["val/top1"] == ref_res["val/top1"] and res["val_ema/top1"] == ref_res["val_ema/top1"]
+
+
+@pytest.mark.slow
+def test_same_layout_with_workers_resumes_bit_identically(fifty, tmp_path):
+    ref, out, root = tmp_path / "ref", tmp_path / "out", str(fifty)
+    extra = ["DATA.SHARD_URL", "pipe:cat {root}/{split}/{name}"]
+    alone = Launch(run_argv(root, ref, 1, *extra), tmp_path, "ref")
+    assert alone.finish() == 0, alone.stderr[-3000:]
+    first = Launch(run_argv(root, out, 1, *extra), tmp_path, "first")
+    first.wait_step(5)
+    first.p.send_signal(signal.SIGTERM)
+    assert first.finish(60) == 75, first.stderr[-3000:]
+    second = Launch(run_argv(root, out, 1, *extra), tmp_path, "second")
+    assert second.finish() == 0, second.stderr[-3000:]
+    assert second.stderr == ""
+    assert_same_run(out, ref)
