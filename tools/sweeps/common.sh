@@ -64,8 +64,8 @@ point_name() {  # TEXT: a point's folder name: TEXT with / made _ (one folder pe
 point() {  # NAME KEY VALUE...: one point of a sweep; a sweep's SWEEP_points function calls it per point
   POINTS+=("$(point_name "$1")")
   shift
-  local keys
-  printf -v keys '%q ' "$@"  # quoted once here, read back by point_cmd: a value may hold spaces
+  local keys=""
+  (($#)) && printf -v keys '%q ' "$@"  # quoted once here, read back by point_cmd: a value may hold spaces
   POINT_KEYS+=("$keys")
 }
 
