@@ -66,8 +66,9 @@ def cli(main: Callable[..., int | None]) -> Callable[..., None]:
         try:
             code = main(*args, **kwargs)
         except (UserError, NonFiniteLoss, Preempted) as e:
-            text = one_line(str(e))
-            print(f"error: {text}" if isinstance(e, UserError) else text, file=sys.stderr, flush=True)
+            if not (getattr(e, "relayed", False) and os.environ.get("RANK", "0") != "0"):  # else rank 0 says it
+                text = one_line(str(e))
+                print(f"error: {text}" if isinstance(e, UserError) else text, file=sys.stderr, flush=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr, flush=True)

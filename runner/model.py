@@ -210,8 +210,7 @@ def load_weights(model: nn.Module, path: str, allow_new_head: bool = False,
                 del sd[k]
         wrong, missing = [k for k in wrong if k not in head], [k for k in missing if k not in head]
     if wrong or missing or unexpected or not set(sd) & set(own):
-        raise UserError(_misfit(where, model, own, sd, wrong, missing, unexpected, meta).replace(
-            "fit MODEL.NAME", f"fit {keys[1]}", 1))
+        raise UserError(_misfit(where, model, own, sd, wrong, missing, unexpected, meta, keys[1]))
     if skipped:
         log.warning("%s: classifier left new for MODEL.NUM_CLASSES %d, skipped: %s", where,
                     _num_classes(model), "; ".join(skipped))
@@ -355,7 +354,7 @@ def _num_classes(model: nn.Module) -> int:
 
 
 def _misfit(where: str, model: nn.Module, own: dict, sd: dict, wrong: list, missing: list, unexpected: list,
-            meta: dict) -> str:
+            meta: dict, model_key: str = "MODEL.NAME") -> str:
     """One line: what in the file does not fit the model, and which run saved it when the file says."""
     name = getattr(model, "default_cfg", {}).get("architecture") or type(model).__name__
     parts = []
@@ -368,8 +367,8 @@ def _misfit(where: str, model: nn.Module, own: dict, sd: dict, wrong: list, miss
         parts.append(f"{len(unexpected)} are not in {name} ({_few(unexpected)})")
     if not parts:
         parts.append(f"none of its {len(sd)} tensors belong to {name}")
-    return (f"{where} does not fit MODEL.NAME {name} with MODEL.NUM_CLASSES {_num_classes(model)}: "
-            f"{'; '.join(parts)}{_saved_by(meta)}")
+    return (f"{where} does not fit {model_key} {name} with MODEL.NUM_CLASSES {_num_classes(model)}: "
+            f"{'; '.join(parts)}{_saved_by(meta, model_key, _num_classes(model))}")
 
 
 def _few(items: list[str], n: int = 2) -> str:
@@ -377,16 +376,24 @@ def _few(items: list[str], n: int = 2) -> str:
     return ", ".join(items[:n]) + (", ..." if len(items) > n else "")
 
 
-def _saved_by(meta: dict) -> str:
-    """'; it was saved by a run with MODEL.NAME x, MODEL.NUM_CLASSES n' from a runner checkpoint's config."""
+def _saved_by(meta: dict, model_key: str = "MODEL.NAME", classes: int = 0) -> str:
+    """'; it was saved by a run with MODEL.NAME x, MODEL.NUM_CLASSES n' from a runner checkpoint's config, and
+    what to change: the MODEL settings for the model itself; for a teacher (`model_key` DISTILL.TEACHER) only
+    its name, since a teacher must predict the student's `classes` classes."""
     import yaml
 
     try:
         model = yaml.safe_load(meta["config"])["MODEL"]
-        return (f"; it was saved by a run with MODEL.NAME {model['NAME']}, MODEL.NUM_CLASSES {model['NUM_CLASSES']}"
-                f", MODEL.IN_CHANS {model['IN_CHANS']}: use those")
+        saved = (f"; it was saved by a run with MODEL.NAME {model['NAME']}, MODEL.NUM_CLASSES {model['NUM_CLASSES']}"
+                 f", MODEL.IN_CHANS {model['IN_CHANS']}")
     except Exception:  # noqa: BLE001 - not a runner checkpoint, or an older layout: nothing to add
-        return "; use the MODEL settings of the run that saved it"
+        model, saved = None, ""
+    if model_key == "MODEL.NAME":
+        return saved + ": use those" if model else "; use the MODEL settings of the run that saved it"
+    advice = f"{model_key} {model['NAME']}" if model and model["NAME"] else f"the {model_key} it was trained as"
+    if model and model["NUM_CLASSES"] != classes:
+        return f"{saved}: a teacher must predict this run's {classes} classes; give one trained for them"
+    return f"{saved}: set {advice}"
 
 
 def prepare_model(model: nn.Module, cfg, dist: Dist) -> tuple[nn.Module, nn.Module]:

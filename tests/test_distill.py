@@ -94,11 +94,13 @@ def test_teacher_that_does_not_fit_is_one_line(teacher, tmp_path):
     proc = run_tool(TRAIN, DIGITS + ["DISTILL.TEACHER", "resnet18", "DISTILL.CHECKPOINT", teacher,
                                      "OUTPUT_DIR", str(tmp_path / "o")])
     assert_user_error(proc, f"DISTILL.CHECKPOINT {teacher} does not fit DISTILL.TEACHER resnet18",
-                      "saved by a run with MODEL.NAME test_resnet")
+                      "saved by a run with MODEL.NAME test_resnet", "set DISTILL.TEACHER test_resnet")
     proc = run_tool(TRAIN, DIGITS + ["DISTILL.TEACHER", "test_resnet", "DISTILL.CHECKPOINT", teacher,
                                      "DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", "64", "MODEL.NUM_CLASSES", "5",
                                      "OUTPUT_DIR", str(tmp_path / "o")])
-    assert_user_error(proc, "does not fit DISTILL.TEACHER test_resnet with MODEL.NUM_CLASSES 5")
+    line = assert_user_error(proc, "does not fit DISTILL.TEACHER test_resnet with MODEL.NUM_CLASSES 5",
+                             "a teacher must predict this run's 5 classes")
+    assert "use those" not in line  # the student's MODEL.NUM_CLASSES must not follow the teacher's
 
 
 @pytest.mark.parametrize("args, fragments", [

@@ -14,13 +14,17 @@ from __future__ import annotations
 import os
 
 from runner.config import config_command
-from runner.errors import cli, run_script
+from runner.errors import UserError, cli, run_script
 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
     """Load the config; skip a finished run before importing anything heavy; train."""
-    loaded = config_command(argv, __doc__)
+    try:
+        loaded = config_command(argv, __doc__)
+    except UserError as e:
+        e.relayed = True  # under torchrun every rank reads the same arguments: rank 0's line is the one shown
+        raise
     if loaded is None:
         return 0
     cfg, info = loaded

@@ -130,7 +130,8 @@ def relay_failure(error: BaseException) -> None:
             # its own code anyway, so the signal may not cut it short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             board.post_failure(code, line)
-            board.await_verdict(VERDICT_WAIT, 0.1, -1)
+            if board.await_verdict(VERDICT_WAIT, 0.1, -1) is not None:
+                error.relayed = True  # rank 0 reports the job's failure: this rank prints nothing more
     except Exception:  # the store is gone: the job is ending anyway
         pass
 

@@ -231,7 +231,7 @@ FILES = {
     (["LOG.PROGRESS", "fancy"], r"LOG.PROGRESS must be one of auto\|bar\|plain"),
     (["TRAIN.OPTIMIZER", "adamx"], r"TRAIN.OPTIMIZER must be a timm optimizer name .*did you mean adamax\?"),
     (["DATA.BATCH_SIZE", "0"], r"DATA.BATCH_SIZE must be >= 1, got 0 \(command line\)"),
-    (["DATA.IMG_SIZE", "-8"], r"DATA.IMG_SIZE must be >= 1"),
+    (["DATA.IMG_SIZE", "-8"], r"DATA.IMG_SIZE must be in \[1, 8192\]"),
     (["TRAIN.EPOCHS", "0"], r"TRAIN.EPOCHS must be >= 1"),
     (["TRAIN.ACCUM_STEPS", "0"], r"TRAIN.ACCUM_STEPS must be >= 1"),
     (["LOG.PERIOD", "0"], r"LOG.PERIOD must be >= 1"),

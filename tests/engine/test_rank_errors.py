@@ -69,3 +69,20 @@ def test_user_mistake_on_rank_1_ends_the_job_with_its_line(tmp_path):
     assert text.count("Traceback") == 1, text[-3000:]  # torchrun's own (ChildFailedError); none of a worker
     assert alive_with(str(out)) == []
     assert time.monotonic() - t0 < 60  # far from DIST.TIMEOUT_S, which a stuck rank 0 would wait out
+
+
+@pytest.mark.slow
+def test_a_mistake_every_rank_meets_is_said_once(tmp_path):
+    """Under torchrun a mistake that both ranks meet (in the arguments, or while building) is one error line."""
+    import subprocess
+
+    from tests.utils import ROOT, env, torchrun
+
+    def errors(*args: str) -> list[str]:
+        cmd = torchrun(["--standalone", "--nproc_per_node=2", TRAIN, *args, "OUTPUT_DIR", str(tmp_path / "o")])
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env(), timeout=180)
+        return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+    assert errors("BAD.KEY", "1") == ["error: unknown config key BAD.KEY on the command line"]
+    built = errors("DATA.BATCH_SIZE", "100000", "DATA.NUM_WORKERS", "0")
+    assert len(built) == 1 and "gives 0 batches per process" in built[0], built
