@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from runner.fsutil import atomic_write
+from runner.trackers import open_trackers
 
 log = logging.getLogger("runner")
 
@@ -153,11 +154,14 @@ def _fmt_eta(seconds: float) -> str:
 class MetricWriter:
     """One sink for scalars: JSON lines, TensorBoard, console line or progress bar. Rank 0 only."""
 
-    def __init__(self, output_dir: str, cfg, resume_step: int, enabled: bool, total_steps: int):
+    def __init__(self, output_dir: str, cfg, resume_step: int, enabled: bool, total_steps: int,
+                 params: dict | None = None):
+        """`params`: the run's HParams keys (run_hparams), which trackers use as tags."""
         self.enabled = enabled
         self.total_steps = total_steps
         self.tb = None
         self.bar = None
+        self.trackers = []
         if not enabled:
             return
         self.dir = Path(output_dir)
@@ -169,6 +173,7 @@ class MetricWriter:
 
             # purge_step drops events a killed run wrote after its last checkpoint, or before its first one
             self.tb = SummaryWriter(str(self.dir), purge_step=resume_step + 1)
+        self.trackers = open_trackers(cfg, self.dir, resume_step, params)  # W&B, MLflow: runner/trackers/
         mode = cfg.LOG.PROGRESS
         if mode == "bar" or (mode == "auto" and sys.stdout.isatty()):
             from tqdm import tqdm
@@ -190,11 +195,15 @@ class MetricWriter:
             for k, v in scalars.items():
                 if not k.endswith(NOT_PLOTTED):
                     self.tb.add_scalar(k, v, step)
+        for tracker in self.trackers:
+            tracker.write(step, epoch, scalars)
 
     def flush(self) -> None:
         """Put every scalar written so far into the files (metrics.jsonl is flushed line by line already)."""
         if self.tb is not None:
             self.tb.flush()
+        for tracker in self.trackers:  # a checkpoint is about to cover what they keep: they send it now
+            tracker.flush()
 
     def console(self, text: str, step: int | None = None, postfix: str | None = None, epoch: str = "") -> None:
         """A progress line: the bar (`epoch` its description, `postfix` after it) on a terminal, a log line
@@ -225,6 +234,8 @@ class MetricWriter:
         (a FileWriter, whose add_summary takes a ready Summary). The best values (`best/*`, no curve of
         their own) stay in results.json and the sweep table.
         """
+        for tracker in self.trackers:
+            tracker.finish(hparams, metrics)
         if self.tb is None:
             return
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
@@ -245,6 +256,8 @@ class MetricWriter:
         self.jsonl.close()
         if self.tb is not None:
             self.tb.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def _name_session(summary, run_dir: Path):

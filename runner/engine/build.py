@@ -44,6 +44,7 @@ from runner.model import build_model, compiler, prepare_model
 from runner.optim import build_optimizer, build_scheduler
 from runner.profiler import build_profiler
 from runner.sinks import MetricWriter, run_hparams, setup_logging
+from runner.trackers import check_trackers
 
 log = logging.getLogger("runner")
 
@@ -185,7 +186,7 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
     banner = (f"training {cfg.MODEL.NAME} on {dist.device} ({world} process{'es' if world > 1 else ''}): "
               f"{cfg.TRAIN.EPOCHS} epochs x {trainer.steps_per_epoch} steps, batch {cfg.DATA.BATCH_SIZE} per process")
     metrics = MetricLogger(cfg.LOG.PERIOD, cfg.TRAIN.EPOCHS, dist, banner=banner, open_writer=lambda step: (
-        MetricWriter(str(out), cfg, step, main, trainer.total_steps)))
+        MetricWriter(str(out), cfg, step, main, trainer.total_steps, status.hparams)))
     evaluator = Evaluator(trainer.data.val, cfg.EVAL.PERIOD, dist, metrics, trainer.stepper.autocast,
                           compile_fn=compiler(cfg) if cfg.MODEL.COMPILE else None)
     from runner.config import dump_config
@@ -259,6 +260,7 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -
     status = RunStatus(out, dist, t_start, epochs=cfg.TRAIN.EPOCHS, max_steps=cfg.TRAIN.MAX_STEPS,
                        hparams=run_hparams(cfg, list(hparam_keys or [])))
     setup_logging(None, dist.rank)  # the console only, until the folder is known to be ours
+    check_trackers(cfg, dist, control)  # a tracker's store that cannot be opened is refused before the claim
     done, found, attempt = claim_output_dir(cfg, dist, control, lock, status)
     if done is not None:
         lock.release()

@@ -1,0 +1,236 @@
+"""W&B (offline) and MLflow (sqlite) as sinks, against the real libraries with no network.
+
+The trackers are read back with their own means: MLflow's MlflowClient, and W&B's offline run files (the
+.wandb log, parsed with W&B's own protobuf definitions; W&B 0.31 ships no Python reader of its own).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.utils import ROOT, TINY, TRAIN, assert_user_error, env, read_jsonl, run_tool
+
+wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
+mlflow_tracking = pytest.importorskip("mlflow.tracking")
+
+CFG = ["--cfg", "configs/digits/test_resnet.yaml"]
+# 20 of the epoch's 22 steps (killed mid-epoch), a checkpoint every 4 steps, a log row every 2
+SHORT = [*TINY, "TRAIN.MAX_STEPS", "20", "CHECKPOINT.PERIOD", "4", "LOG.PERIOD", "2"]
+
+
+def tracker_env(home: Path, **extra: str) -> dict:
+    """No W&B credentials or settings of the machine's user: HOME is the test's, no API key."""
+    e = env(HOME=str(home), **extra)
+    e.pop("WANDB_API_KEY", None)
+    return e
+
+
+def wandb_records(path: Path):
+    """The records of a .wandb file: W&B's header, then LevelDB log chunks in 32 KiB blocks."""
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, chunk = 7, 32768, b""
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if room < 7 or (kind == 0 and length == 0):  # the block's zero padding
+            pos += room
+            continue
+        chunk += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_pb.Record()
+            record.ParseFromString(chunk)
+            chunk = b""
+            yield record
+
+
+def wandb_run(out: Path) -> dict:
+    """Every offline fragment of OUTPUT_DIR's W&B run: ids, history rows (step -> values), config, summary."""
+    got = {"ids": set(), "steps": [], "history": {}, "config": {}, "summary": {}, "fragments": 0}
+    for path in sorted(out.glob("wandb/offline-run-*/run-*.wandb")):
+        got["fragments"] += 1
+        for r in wandb_records(path):
+            kind = r.WhichOneof("record_type")
+            if kind == "run":
+                got["ids"].add(r.run.run_id)
+                got["config"].update({i.key: json.loads(i.value_json) for i in r.run.config.update})
+            elif kind == "config":
+                got["config"].update({i.key: json.loads(i.value_json) for i in r.config.update})
+            elif kind == "history":
+                got["steps"].append(r.history.step.num)
+                got["history"][r.history.step.num] = {i.key or ".".join(i.nested_key): json.loads(i.value_json)
+                                                      for i in r.history.item}
+            elif kind == "summary":
+                got["summary"].update({i.key or ".".join(i.nested_key): json.loads(i.value_json)
+                                       for i in r.summary.update})
+    return got
+
+
+def mlflow_run(uri: str) -> tuple:
+    """(the client, the store's one run) of the default experiment's name for these tests."""
+    client = mlflow_tracking.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return client, runs[0]
+
+
+def history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    """A metric's (step, value) points in step order."""
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def torch_step(path: Path) -> int:
+    """The step a checkpoint was saved at."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", weights_only=True)["step"])
+
+
+def same_points(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> None:
+    """The same steps, in order, with the same values (float32 text round trips aside)."""
+    assert [s for s, _ in got] == [s for s, _ in want]
+    assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
+
+
+def train_until(args: list[str], e: dict, step: int, after: float) -> int:
+    """Start a run and SIGKILL it `after` seconds after its log shows `step`; returns the exit status."""
+    p = subprocess.Popen([sys.executable, TRAIN, *args], cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stdout:
+            if f" step {step}/" in line:
+                time.sleep(after)
+                p.send_signal(signal.SIGKILL)
+                break
+        return p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stdout.close()
+        p.stderr.close()
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_run_is_one_tracker_run(tmp_path):
+    """SIGKILLed 1.5 s after step 6 and resumed: W&B and MLflow hold one
+    run each whose steps and values are metrics.jsonl's, no step twice; the config and the results are
+    there; a re-run adds nothing.
+    The resumed process asks for W&B online without an API key: it says once how to sync and logs offline
+    into the same run."""
+    out, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [*CFG, *SHORT, "OUTPUT_DIR", str(out), "LOG.MLFLOW_URI", uri, "LOG.WANDB", "true",
+            "LOG.WANDB_TAGS", "[digits]"]
+    e = tracker_env(tmp_path)
+    assert train_until([*args, "LOG.WANDB_MODE", "offline"], e, 6, after=1.5) == -signal.SIGKILL
+    state = json.loads((out / "trackers.json").read_text())
+    killed_at = max(row["step"] for row in read_jsonl(out / "metrics.jsonl"))
+    covered = torch_step(out / "checkpoints" / "last.pth")
+    # only what a checkpoint covers; a kill while the checkpoint is written leaves it one checkpoint ahead, and
+    # the resume then skips the rows up to it (the same rows again: the resume is exact)
+    for name in ("wandb", "mlflow"):
+        assert covered <= state[name]["step"] <= killed_at < 20, (name, state, covered, killed_at)
+
+    r = run_tool("train.py", [*args, "LOG.WANDB_MODE", "online"], env=e)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr == ""
+    assert r.stdout.count("W&B: cannot log online") == 1 and "wandb beta sync" in r.stdout
+    rows = read_jsonl(out / "metrics.jsonl")
+    train_rows = [row for row in rows if "train/loss" in row]
+    val_rows = [row for row in rows if "val/top1" in row]
+    assert [row["step"] for row in train_rows] == list(range(2, 21, 2))
+
+    client, run = mlflow_run(uri)
+    same_points(history(client, run.info.run_id, "train/loss"),
+                [(row["step"], row["train/loss"]) for row in train_rows])
+    same_points(history(client, run.info.run_id, "val/top1"), [(row["step"], row["val/top1"]) for row in val_rows])
+    assert run.data.params["MODEL.NAME"] == "resnet10t" and run.data.params["TRAIN.MAX_STEPS"] == "20"
+    assert run.info.run_name == "run" and run.info.status == "FINISHED"
+    assert run.data.tags["result.status"] == "done"
+    results = json.loads((out / "results.json").read_text())
+    assert run.data.metrics["best/val/top1"] == pytest.approx(results["best/val/top1"])
+
+    wb = wandb_run(out)
+    assert wb["fragments"] == 1 and len(wb["ids"]) == 1 and wb["ids"] == {state["wandb"]["id"]}
+    assert wb["steps"] == sorted(set(wb["steps"])) == sorted({row["step"] for row in rows})
+    same_points([(s, wb["history"][s]["train/loss"]) for s in wb["steps"]],
+                [(row["step"], row["train/loss"]) for row in train_rows])
+    assert wb["config"]["MODEL.NAME"] == "resnet10t"
+    assert wb["summary"]["status"] == "done"
+    assert wb["summary"]["val/top1"] == pytest.approx(results["val/top1"])
+
+    again = run_tool("train.py", [*args, "LOG.WANDB_MODE", "offline"], env=e)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert wandb_run(out)["fragments"] == 1
+    assert len(history(client, run.info.run_id, "train/loss")) == len(train_rows)
+
+
+def test_a_broken_store_warns_once_and_the_run_finishes(tmp_path):
+    """MLflow's file store loses the run's metrics folder mid-run: one warning in log.txt, the run's results."""
+    import shutil
+
+    from runner.config import load_config
+    from runner.engine import build_trainer
+    from runner.engine.hooks import Hook
+
+    store, out = tmp_path / "mlruns", tmp_path / "run"
+    cfg = load_config([*CFG, *TINY, "TRAIN.MAX_STEPS", "6", "CHECKPOINT.PERIOD", "2", "LOG.PERIOD", "2",
+                       "LOG.TENSORBOARD", "false", "OUTPUT_DIR", str(out), "LOG.MLFLOW_URI", f"file:{store}"])[0]
+
+    class BreakStore(Hook):
+        def after_step(self, trainer):
+            if trainer.step == 3:  # the metrics folder becomes a file: the next checkpoint's rows cannot go in
+                run_id = json.loads((out / "trackers.json").read_text())["mlflow"]["id"]
+                metrics = next(store.glob(f"*/{run_id}/metrics"))
+                shutil.rmtree(metrics)
+                metrics.write_text("not a folder")
+
+    trainer = build_trainer(cfg)
+    trainer.hooks.insert(0, BreakStore())
+    try:
+        results = trainer.train()
+    finally:
+        trainer.close()
+    assert results["status"] == "done" and results["step"] == 6
+    assert json.loads((out / "results.json").read_text())["step"] == 6
+    warnings = [line for line in (out / "log.txt").read_text().splitlines() if "MLflow:" in line]
+    assert len(warnings) == 1 and "the run goes on without MLflow" in warnings[0], warnings
+
+
+def test_store_that_cannot_be_opened_or_missing_library_is_exit_2(tmp_path):
+    """A sqlite file under a plain file, and mlflow not importable: one line, exit 2, no OUTPUT_DIR made."""
+    out, blocker = tmp_path / "run", tmp_path / "a-file"
+    blocker.write_text("")
+    args = [*CFG, *TINY, "OUTPUT_DIR", str(out)]
+    bad = run_tool("train.py", [*args, "LOG.MLFLOW_URI", f"sqlite:///{blocker / 'x.db'}"],
+                   env=tracker_env(tmp_path))
+    assert_user_error(bad, "LOG.MLFLOW_URI", "cannot be opened")
+    assert not out.exists()
+    hide = ("import runpy, sys; sys.modules['mlflow'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    missing = subprocess.run([sys.executable, "-c", hide, TRAIN, *args, "LOG.MLFLOW_URI", "sqlite:///x.db"],
+                             capture_output=True, text=True, cwd=ROOT, env=tracker_env(tmp_path), timeout=300)
+    assert_user_error(missing, "pip install -e '.[mlflow]'")
+    assert not out.exists()
+
+
+def test_trackers_off_import_neither_library(tmp_path):
+    """A run with the trackers off (the default) imports neither tracker module nor mlflow; wandb only where
+    timm itself imports it (timm/utils/summary.py tries `import wandb` at `import timm` when it is installed)."""
+    code = ("import sys; from runner.config import load_config; from runner.engine import train; "
+            "train(load_config(sys.argv[1:])[0]); import timm.utils.summary as s; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlflow' or m.startswith('runner.trackers.')), "
+            "'wandb' not in sys.modules or s.__dict__.get('wandb') is sys.modules['wandb'])")
+    args = [*CFG, *TINY, "TRAIN.MAX_STEPS", "2", "OUTPUT_DIR", str(tmp_path / "run")]
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                       env=env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[] True"
+    assert (tmp_path / "run" / "results.json").exists() and not (tmp_path / "run" / "trackers.json").exists()
