@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Check an image-folder dataset (DATA.ROOT/train/<class>/..., DATA.ROOT/val/<class>/...) before training.
+"""Check an image-folder dataset (DATA.ROOT/train/<class>/..., DATA.ROOT/val/<class>/...) or shards (DATA.NAME
+shards: every sample of every shard read, decoded and its .cls checked) before training.
 
     python tools/check_data.py --cfg configs/my_folder.yaml [KEY VALUE ...]
 
@@ -47,6 +48,68 @@ def class_count_problems(index, cfg) -> list[str]:
     return [f"DATA.ROOT {index.root} has {n} classes but MODEL.NUM_CLASSES is {k}: set MODEL.NUM_CLASSES {n}"]
 
 
+def read_split_shards(cfg, split: str, n_classes: int, counts: dict, bad: list, problems: list) -> int:
+    """Read every sample of a split's shards: images decoded, labels checked; returns the samples read."""
+    import io
+
+    from PIL import Image
+
+    from runner.data.folder import DECODE_ERRORS
+    from runner.data.shards import read_index
+    from runner.data.shards.stream import IMAGE_EXTS, read_shard
+
+    shards, n = read_index(cfg, split), 0
+    for url, count in zip(shards.urls, shards.counts, strict=True):
+        try:
+            for sample in read_shard(url, 0, count, cfg.DATA.SHARD_RETRIES):
+                n += 1
+                where = f"{url} {sample['__key__']}"
+                try:
+                    label = int(sample["cls"])
+                    assert 0 <= label < n_classes
+                    counts[split][label] = counts[split].get(label, 0) + 1
+                except (KeyError, ValueError, AssertionError):
+                    problems.append(f"{where}: no .cls or a class index outside 0..{n_classes - 1}")
+                ext = next((e for e in IMAGE_EXTS if e in sample), None)
+                try:
+                    Image.open(io.BytesIO(sample[ext] if ext else b"")).load()
+                except DECODE_ERRORS as e:
+                    bad.append((where, f"{type(e).__name__}: {e}"))
+        except UserError as e:
+            problems.append(str(e))
+    return n
+
+
+def check_shards(cfg) -> int:
+    """DATA.NAME shards: every sample of every shard read and decoded; the same report and exit codes."""
+    from runner.data.shards import read_classes
+
+    t0 = time.perf_counter()
+    classes = read_classes(cfg)
+    counts: dict = {s: {} for s in SPLITS}
+    bad: list = []
+    problems: list = []
+    n = sum(read_split_shards(cfg, s, len(classes), counts, bad, problems) for s in SPLITS)
+    print(f"DATA.ROOT {cfg.DATA.ROOT}: {len(classes)} classes, {n} samples read in {time.perf_counter() - t0:.1f}s\n")
+    width = max([len(c) for c in classes] + [5])
+    print(f"{'class':<{width}}  " + "  ".join(f"{s:>8}" for s in SPLITS))
+    for i, c in enumerate(classes):
+        print(f"{c:<{width}}  " + "  ".join(f"{counts[s].get(i, 0):>8}" for s in SPLITS))
+    if bad:
+        print(f"\n{len(bad)} bad samples:")
+        for where, reason in bad:
+            print(f"  {where}: {reason}")
+    if problems:
+        print(f"\n{len(problems)} structural problem(s):")
+        for p in problems:
+            print(f"  {p}")
+        print(f"error: {problems[0]}", file=sys.stderr)
+        return 2
+    if not bad:
+        print("\nall samples are readable images with a class")
+    return 1 if bad else 0
+
+
 @cli
 def main(argv: list[str] | None = None) -> int:
     """Scan DATA.ROOT with every file checked; report; exit 0 clean, 1 bad files, 2 structural problems."""
@@ -54,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 0
     cfg, _ = loaded
+    if cfg.DATA.NAME == "shards":
+        return check_shards(cfg)
     if cfg.DATA.NAME != "folder" and not cfg.DATA.ROOT:
         raise UserError(f"tools/check_data.py checks image folders; this config reads DATA.NAME {cfg.DATA.NAME}, "
                         "which has no files to check (give DATA.NAME folder DATA.ROOT <folder> to check one)")
