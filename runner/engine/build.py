@@ -271,6 +271,7 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -
         log.info("OUTPUT_DIR %s holds %s of this same config but no checkpoint: starting over (metrics.jsonl "
                  "and TensorBoard restart at step 1; log.txt keeps the earlier lines above this one)", out, attempt)
     watchdog = Watchdog(cfg.DIST.HANG_TIMEOUT_S, out, dist, job_board(dist), status)
+    status.silent_ranks = watchdog.silent_ranks if dist.is_main and dist.distributed else None
     watchdog.start()  # set-up and the first batch are watched too (with a longer allowance)
     trainer = None
     try:

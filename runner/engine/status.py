@@ -30,6 +30,7 @@ class RunStatus(Hook):
         self.evaluator, self.metrics = evaluator, metrics
         self.claimed = False  # True once rank 0 holds the lock and has marked the folder as this run's
         self.wall_before = 0.0  # wall time of the earlier processes of this run
+        self.silent_ranks = None  # set by the watchdog: () -> the ranks whose heartbeat stopped
 
     def write(self, status: str, step: int, **extra) -> None:
         """Update run.json on rank 0, once the folder is this run's."""
@@ -41,7 +42,12 @@ class RunStatus(Hook):
         if isinstance(e, KeyboardInterrupt):
             self.write(runstate.INTERRUPTED, step)
             return
-        self.write(runstate.FAILED, step, error=f"{type(e).__name__}: {one_line(str(e))}"[:500])
+        text, rank = f"{type(e).__name__}: {one_line(str(e))}", self.dist.rank
+        silent = [] if isinstance(e, UserError) or self.silent_ranks is None else self.silent_ranks()
+        if silent:  # the first rank that stopped without a word is the cause; this rank's error is the effect
+            text, rank = f"rank {silent[0]} stopped without a word (its process ended or froze); then {text}", silent[0]
+            log.error("%s", text)
+        self.write(runstate.FAILED, step, error=text[:500], **({"rank": rank} if self.dist.distributed else {}))
         if isinstance(e, UserError):
             log_to_file(f"error {when}: {one_line(str(e))}")
         else:

@@ -19,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from runner import distributed, runstate
@@ -68,10 +69,17 @@ class Board:
         after = self.heartbeats()
         return [r for r in range(self.world) if r not in after or before.get(r, [""])[0] == after[r][0]], after
 
-    def post_failure(self, code: int, line: str) -> None:
-        """This rank is ending with `code`: its one line, for rank 0 to report."""
+    def post_failure(self, code: int, line: str, trace: str = "") -> None:
+        """This rank is ending with `code`: its one line (and a crash's traceback), for rank 0 to report."""
+        if trace:  # before the line: rank 0 reads the traceback once it sees the failure
+            self.store.set(f"{_P}trace/{self.rank}", trace[-20000:])
         self.store.set(f"{_P}fail/{self.rank}", f"{code}\t{line}")
         self.store.add(f"{_P}failures", 1)
+
+    def trace(self, rank: int) -> str:
+        """The traceback `rank` posted with its failure, or ''."""
+        key = f"{_P}trace/{rank}"
+        return self.store.get(key).decode(errors="replace") if self.store.check([key]) else ""
 
     def failures(self) -> list[tuple[int, int, str]]:
         """(rank, exit code, line) of every rank that posted a failure; one counter read when there is none."""
@@ -129,7 +137,8 @@ def relay_failure(error: BaseException) -> None:
             # rank 0 exits once it has reported this line, and torchrun then SIGTERMs this rank: it exits with
             # its own code anyway, so the signal may not cut it short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            board.post_failure(code, line)
+            trace = "" if code == EXIT_USER else "".join(traceback.format_exception(error))
+            board.post_failure(code, line, trace)
             if board.await_verdict(VERDICT_WAIT, 0.1, -1) is not None:
                 error.relayed = True  # rank 0 reports the job's failure: this rank prints nothing more
     except Exception:  # the store is gone: the job is ending anyway
@@ -240,9 +249,22 @@ class Watchdog(Hook):
         self.board.post_verdict(code, text)
         if self.status is not None:
             self.status.write(runstate.FAILED, self.step, error=text[:500], rank=rank)
-        log_to_file(f"error at step {self.step}: {text}")
+        trace = self.board.trace(rank)
+        trace = f"\nrank {rank}'s traceback:\n{trace.rstrip()}" if trace else ""
+        log_to_file(f"error at step {self.step}: {text}{trace}")
         print(f"error: {text}" if code == EXIT_USER else text, file=sys.stderr, flush=True)
         _exit(code)
+
+    def silent_ranks(self) -> list[int]:
+        """Rank 0, failing itself: the other ranks whose heartbeat stopped (a rank that died without a word
+        breaks rank 0's next collective, and rank 0's own error would otherwise take the blame)."""
+        if self.board is None:
+            return []
+        try:
+            frozen, _ = self.board.frozen(max(3 * self.tick, 2.0), self.tick, self.step)
+        except Exception:  # the store went with the dead rank: nothing more to learn
+            return []
+        return [r for r in frozen if r != self.dist.rank]
 
     def _hang(self) -> None:
         """No step for too long: stacks, the frozen ranks, run.json, exit 76 (every rank follows)."""

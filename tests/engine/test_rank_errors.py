@@ -86,3 +86,32 @@ def test_a_mistake_every_rank_meets_is_said_once(tmp_path):
     assert errors("BAD.KEY", "1") == ["error: unknown config key BAD.KEY on the command line"]
     built = errors("DATA.BATCH_SIZE", "100000", "DATA.NUM_WORKERS", "0")
     assert len(built) == 1 and "gives 0 batches per process" in built[0], built
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_crash_on_rank_1_is_in_log_txt_and_run_json_names_it(tmp_path, how):
+    """A real failure on rank 1: its traceback reaches rank 0's log.txt; a rank that dies without a word (not
+    rank 0, whose collective then breaks) is the one run.json names."""
+    import subprocess
+
+    from tests.utils import ROOT, env, torchrun
+
+    out = tmp_path / "o"
+    script = str(ROOT / "tests" / "engine" / "crash_rank.py")
+    cmd = torchrun(["--standalone", "--nproc_per_node=2", script, "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16",
+                    "TRAIN.EPOCHS", "1", "DATA.NUM_WORKERS", "0", "LOG.PERIOD", "1", "DIST.TIMEOUT_S", "60",
+                    "OUTPUT_DIR", str(out)])
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240,
+                          env=env(CRASH_RANK="1", CRASH_STEP="3", CRASH_HOW=how))
+    assert proc.returncode != 0
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "failed" and status["rank"] == 1, status
+    log = (out / "log.txt").read_text()
+    if how == "raise":
+        assert "rank 1: RuntimeError: injected crash in the step" in status["error"]
+        assert "rank 1's traceback:" in log and "Traceback (most recent call last)" in log
+        assert 'raise RuntimeError("injected crash in the step")' in log
+    else:
+        assert status["error"].startswith("rank 1 stopped without a word"), status
+        assert "rank 1 stopped without a word" in log
