@@ -374,3 +374,12 @@ def test_same_layout_with_workers_resumes_bit_identically(fifty, tmp_path):
     assert second.finish() == 0, second.stderr[-3000:]
     assert second.stderr == ""
     assert_same_run(out, ref)
+
+
+def test_check_data_reads_every_sample(small, tmp_path):
+    args = ["--cfg", DIGITS, "DATA.NAME", "shards", "DATA.SHARD_STREAMS", "2", "DATA.ROOT"]
+    clean = run_tool("check_data.py", [*args, str(small)])
+    assert clean.returncode == 0 and "60 samples read" in clean.stdout and "all samples are readable" in clean.stdout
+    root = variant(small, tmp_path / "bad", shard="train-000001.tar", change=each_member(".jpg", JPEG_GARBAGE))
+    bad = run_tool("check_data.py", [*args, str(root)])
+    assert bad.returncode == 1 and "10 bad samples" in bad.stdout and "train-000001.tar 00000" in bad.stdout
