@@ -20,7 +20,7 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from runner.trackers import Tracker as BaseTracker  # noqa: E402
-from runner.trackers import flat_config, group_name, run_name  # noqa: E402
+from runner.trackers import flat_config, group_name, logged_rows, run_name  # noqa: E402
 
 # MLflow reports its database migrations at INFO on stderr, and its SQLAlchemy use warns of deprecations:
 # a run's console carries only its own lines
@@ -72,6 +72,11 @@ class Tracker(BaseTracker):
             self.run_id = earlier["id"]
             self.client.update_run(self.run_id, status="RUNNING")
             logged = self.client.get_run(self.run_id).data.params
+            # the store says what it holds (every row logs `epoch`): a kill between a send and trackers.json's
+            # update, or during the checkpoint's save, leaves it apart from trackers.json's step
+            held = max((m.step for m in self.client.get_metric_history(self.run_id, "epoch")), default=0)
+            self.send([row for row in logged_rows(self.out, self.resume_step) if row[0] > held])
+            self.sent = max(held, self.resume_step)
         else:
             tags = {"runner.output_dir": str(self.out.resolve()), **{k: str(v) for k, v in self.params.items()}}
             run = self.client.create_run(self._experiment(), run_name=run_name(self.out), tags=tags)
