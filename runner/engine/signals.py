@@ -13,7 +13,7 @@ import torch
 
 from runner import distributed, runstate
 from runner.engine.hooks import Checkpointer, Hook, Profiler, StopRun
-from runner.errors import Preempted
+from runner.errors import Preempted, UserError
 
 log = logging.getLogger("runner")
 
@@ -160,6 +160,19 @@ class TimeLimit(Hook):
         self.duties = 0.0  # the longest step duties (a periodic checkpoint)
         self.epoch_end: float | None = None  # the longest epoch end
         self.t_last = time.monotonic()
+        self.first = False  # the next step is this job's first
+
+    def before_train(self, trainer) -> None:
+        """An epoch end left over from the last job (its evaluation and save) runs first: it must fit the budget."""
+        self.t_last = time.monotonic()
+        left, spent = self.deadline - time.time(), self.seconds - (self.deadline - time.time())
+        if trainer.end_of_epoch and self.epoch_end is not None:
+            need = self.epoch_end + self.MARGIN_S
+            if need > left:  # a rerun would start the same evaluation again and be cut short again
+                raise UserError(f"TRAIN.TIME_LIMIT {self.seconds:g} s leaves {max(left, 0):.0f} s after start-up "
+                                f"({spent:.0f} s), less than the {need:.0f} s this run's pending evaluation and "
+                                "save took: raise TRAIN.TIME_LIMIT")
+        self.first = True
 
     def before_epoch(self, trainer) -> None:
         """An epoch's first step starts now."""
@@ -172,7 +185,26 @@ class TimeLimit(Hook):
         self.duties = max(self.duties, now - self.stamp.t)
         self.t_last = now
         if self.need(trainer) > self.deadline - time.time():
+            if self.first:
+                log.warning("TRAIN.TIME_LIMIT %g s: the budget was gone at start (start-up took %.0f s): every job "
+                            "trains one step; raise TRAIN.TIME_LIMIT", self.seconds,
+                            self.seconds - (self.deadline - time.time()) - self.steps[-1])
             self.flag.request(f"TRAIN.TIME_LIMIT {self.seconds:g} s is near")
+        self.first = False
+
+    def state_dict(self) -> dict:
+        """The measured times, for the next job's budget (its first steps and a pending epoch end)."""
+        return {"time_limit": {"step": max(self.steps, default=0.0), "duties": self.duties,
+                               "epoch_end": self.epoch_end}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Start from the last job's measured times (a longer one measured here replaces them)."""
+        saved = state.get("time_limit") or {}
+        if saved.get("step"):
+            self.steps.append(float(saved["step"]))
+        self.duties = max(self.duties, float(saved.get("duties") or 0.0))
+        if saved.get("epoch_end") is not None:
+            self.epoch_end = max(self.epoch_end or 0.0, float(saved["epoch_end"]))
 
     def after_epoch(self, trainer) -> None:
         """Time the epoch's end."""

@@ -37,8 +37,10 @@ def test_time_limit_stops_in_time_and_the_rerun_equals_a_run_left_alone(tmp_path
     status = json.loads((out / "run.json").read_text())
     assert status["status"] == "preempted" and 0 < status["step"] < STEPS, status
     assert any((out / "checkpoints").glob("*.pth"))
-    for _ in range(3):  # each rerun gets a new budget
+    for _ in range(8):  # each rerun gets a new budget, and none may run over it (a pending evaluation included)
+        t0 = time.monotonic()
         again = run_tool("train.py", cmd)
+        assert time.monotonic() - t0 < LIMIT, again.stdout[-3000:]
         if again.returncode == 0:
             break
         assert again.returncode == 75, again.stderr[-3000:]
@@ -46,3 +48,38 @@ def test_time_limit_stops_in_time_and_the_rerun_equals_a_run_left_alone(tmp_path
     assert _losses(out) == _losses(tmp_path / "whole")
     res = [json.loads((d / "results.json").read_text()) for d in (out, tmp_path / "whole")]
     assert res[0]["val/top1"] == res[1]["val/top1"] and res[0]["step"] == res[1]["step"] == STEPS
+
+
+def _limit(seconds: float, started_ago: float):
+    """A TimeLimit whose job started `started_ago` seconds ago, single process."""
+    from runner.engine.signals import Stamp, StopFlag, TimeLimit
+
+    return TimeLimit(seconds, StopFlag(None), Stamp(), started=time.time() - started_ago, lag=0)
+
+
+def _at_epoch_end(**kw):
+    """The loop's state a hook reads: resumed right after an epoch's last step (its epoch end pending)."""
+    from types import SimpleNamespace
+
+    state = {"end_of_epoch": True, "steps_per_epoch": 10, "batch_in_epoch": 10, "step": 10, "total_steps": 100,
+             "stepper": SimpleNamespace(accum=1), **kw}
+    return SimpleNamespace(**state)
+
+
+def test_measured_times_carry_to_the_next_job_and_budget_a_pending_evaluation():
+    from runner.errors import UserError
+
+    job1 = _limit(60, 5)
+    job1.steps.append(0.2)
+    job1.duties, job1.epoch_end = 1.5, 20.0
+    saved = job1.state_dict()
+    job2 = _limit(30, 12)  # 18 s left: less than the 20 s evaluation and save the last job measured
+    job2.load_state_dict(saved)
+    assert job2.epoch_end == 20.0 and job2.duties == 1.5 and max(job2.steps) == 0.2
+    with pytest.raises(UserError) as refused:
+        job2.before_train(_at_epoch_end())
+    assert "pending evaluation and save took" in str(refused.value) and "raise TRAIN.TIME_LIMIT" in str(refused.value)
+    job3 = _limit(60, 12)  # 48 s left: the evaluation fits
+    job3.load_state_dict(saved)
+    job3.before_train(_at_epoch_end())
+    assert job3.need(_at_epoch_end(batch_in_epoch=9)) >= 20.0  # the next epoch end is budgeted from the start
