@@ -77,7 +77,7 @@ def main() -> None:
     """Build the data, measure, print the table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", default="", help="scratch folder (default: a temporary one, removed)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3, help="training epochs of the accuracy runs (0: none)")
     p.add_argument("--size", type=int, default=64, help="side of the stored JPEGs")
     p.add_argument("--copies", type=int, default=8, help="times each train image is stored")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -100,6 +100,8 @@ def main() -> None:
         for window in (64, 4000):
             r = in_child([*sharded, "DATA.SHARD_WINDOW", str(window)])
             print(f"| peak RSS MiB, SHARD_WINDOW {window} | | {r['peak_rss_mib']} |")
+        if not args.epochs:
+            return
         small = ["TRAIN.EPOCHS", str(args.epochs), "DATA.IMG_SIZE", "16"]
         top1 = [train([*cfg, *small], work / name) for name, cfg in (("f", folder), ("s", sharded))]
         print(f"| val/top1 after {args.epochs} epochs (class-ordered shards) | {top1[0]:.2f} | {top1[1]:.2f} |")
