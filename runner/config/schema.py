@@ -353,7 +353,7 @@ def _validate_shards(cfg: CN, fail: Callable[..., None], check_files: bool) -> N
         fail("DATA.REPEATED_AUG", f"DATA.REPEATED_AUG {d.REPEATED_AUG} is not supported with DATA.NAME shards "
                                   "(streams read each sample once); use 1")
     if check_files:
-        from runner.data.shards.index import check_source  # no torch: the index and class map are small files
+        from runner.data.shards.index import check_source  # only for shards: the index and class map are small
 
         try:
             check_source(cfg, int(os.environ.get("WORLD_SIZE", 1)))
