@@ -116,7 +116,9 @@ def seed_generators(seed: int) -> None:
     """Seed python's, numpy's and torch's generators, which timm's and torchvision's transforms draw from."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    # the CPU generator itself: the same draws as torch.manual_seed, which also visits every device type's
+    # generator hooks (most of a small image's loading time: see docs/PERFORMANCE.md, shards against folders)
+    torch.default_generator.manual_seed(seed)
 
 
 class FolderDataset(Dataset):
