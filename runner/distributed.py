@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as tdist
 
-from runner.errors import UserError
+from runner.errors import Hung, UserError
 
 log = logging.getLogger("runner")
 _started = {"timeout": None}  # the timeout setup() started the process group with, for control_group()
@@ -88,8 +90,27 @@ def setup(cfg) -> Dist:
     store = _attempt_store(timeout)
     if store is not None:
         kwargs.update(store=store, rank=rank, world_size=world)
+        _await_ranks(store, rank, world, cfg.DIST.TIMEOUT_S)
     tdist.init_process_group(backend, timeout=timeout, **kwargs)
     return Dist(rank, world, local, device)
+
+
+def _await_ranks(store, rank: int, world: int, seconds: float) -> None:
+    """Wait until every rank has reached set-up, else one line naming those that did not (Hung, exit 76)."""
+    # init_process_group would wait as long, then raise a store timeout (a traceback and c10d's socket warnings)
+    # that names no rank; polling our own keys says which ranks never came
+    store.set(f"runner/joined/{rank}", f"{socket.gethostname()} {os.getpid()}")
+    keys = [f"runner/joined/{r}" for r in range(world)]
+    deadline = time.monotonic() + seconds
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [r for r in range(world) if not store.check([keys[r]])]
+            error = Hung(f"hung: rank {', '.join(map(str, missing))} did not reach the process group within "
+                         f"DIST.TIMEOUT_S ({seconds:g} s): frozen, or still starting; nothing was trained or "
+                         "written, the same command starts the job again")
+            error.relayed = rank != 0  # rank 0 says it once
+            raise error
+        time.sleep(0.05)
 
 
 def _attempt_store(timeout: timedelta):

@@ -34,6 +34,12 @@ class Preempted(Exception):
     exit_code = EXIT_PREEMPTED
 
 
+class Hung(Exception):
+    """Another rank stopped answering (frozen, or never started); exit code 76, one line."""
+
+    exit_code = EXIT_HUNG
+
+
 def argument_error(message: str) -> None:
     """argparse's error hook: a one-line UserError (exit 2) instead of the usage text and a second line."""
     raise UserError(f"{message} (see --help)")
@@ -65,7 +71,7 @@ def cli(main: Callable[..., int | None]) -> Callable[..., None]:
     def wrapper(*args, **kwargs) -> None:
         try:
             code = main(*args, **kwargs)
-        except (UserError, NonFiniteLoss, Preempted) as e:
+        except (UserError, NonFiniteLoss, Preempted, Hung) as e:
             if not (getattr(e, "relayed", False) and os.environ.get("RANK", "0") != "0"):  # else rank 0 says it
                 text = one_line(str(e))
                 print(f"error: {text}" if isinstance(e, UserError) else text, file=sys.stderr, flush=True)

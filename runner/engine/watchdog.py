@@ -25,7 +25,7 @@ from pathlib import Path
 from runner import distributed, runstate
 from runner.distributed import Dist
 from runner.engine.hooks import Hook
-from runner.errors import EXIT_HUNG, EXIT_USER, Preempted, describe
+from runner.errors import EXIT_HUNG, EXIT_USER, Hung, Preempted, UserError, describe
 from runner.sinks import log_to_file
 
 log = logging.getLogger("runner")
@@ -35,6 +35,7 @@ SETUP_ALLOWANCE = 600.0  # before this process's first step (set-up, resume, the
 AUTO_MIN, AUTO_FACTOR = 300.0, 20  # DIST.HANG_TIMEOUT_S -1: max(AUTO_MIN, AUTO_FACTOR x the slowest step so far)
 VERDICT_WAIT = 15.0  # how long a non-zero rank waits for rank 0 to answer before presuming rank 0 frozen
 _P = "runner/watchdog/"
+_RETIRED = "retired"  # the heartbeat of a rank whose run ended (it may exit before the others)
 
 
 class Board:
@@ -59,6 +60,15 @@ class Board:
                 beats[r] = self.store.get(key).decode().split()
         return beats
 
+    def retire(self) -> None:
+        """This rank's watchdog stopped with its run: no heartbeat any more, and not a frozen rank."""
+        self.store.set(f"{_P}hb/{self.rank}", _RETIRED)
+
+    def beat_of(self, rank: int) -> str | None:
+        """`rank`'s latest heartbeat as written, None before its first beat."""
+        key = f"{_P}hb/{rank}"
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
     def frozen(self, window: float, tick: float, step: int) -> tuple[list[int], dict[int, list[str]]]:
         """The ranks whose heartbeat does not move for `window` seconds (this one beats meanwhile); the last beats."""
         before = self.heartbeats()
@@ -67,7 +77,8 @@ class Board:
             self.beat(step)
             time.sleep(tick)
         after = self.heartbeats()
-        return [r for r in range(self.world) if r not in after or before.get(r, [""])[0] == after[r][0]], after
+        frozen = [r for r in range(self.world) if r not in after or before.get(r, [""])[0] == after[r][0]]
+        return [r for r in frozen if after.get(r) != [_RETIRED]], after
 
     def post_failure(self, code: int, line: str, trace: str = "") -> None:
         """This rank is ending with `code`: its one line (and a crash's traceback), for rank 0 to report."""
@@ -126,7 +137,7 @@ def job_board(dist: Dist) -> Board | None:
 def relay_failure(error: BaseException) -> None:
     """Before a failing rank exits: post its line so that the whole job ends now (rank 0 reports it)."""
     store = distributed.job_store()
-    if store is None or isinstance(error, (Preempted, KeyboardInterrupt, SystemExit)):
+    if store is None or isinstance(error, (Preempted, Hung, KeyboardInterrupt, SystemExit)):
         return
     board = Board(store, *distributed.rank_and_world())
     code, line = describe(error)
@@ -160,6 +171,8 @@ class Watchdog(Hook):
         self.paused = False  # evaluation, checkpoints: not a hang however long
         self.slowest = 0.0
         self.dumped = False
+        self.seen: dict[int, tuple[str | None, float]] = {}  # while paused: rank -> (heartbeat, when it last moved)
+        self.ending = threading.Lock()  # one report, whichever thread finds the hang first
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
         self.resumer = _Resume(self)
@@ -187,6 +200,14 @@ class Watchdog(Hook):
         """The run's results are written: nothing left to watch."""
         self.paused = True
 
+    def on_exception(self, trainer, error: BaseException) -> None:
+        """A collective that timed out is a hang: named in one line, exit 76, not a gloo traceback."""
+        if self.board is None or isinstance(error, (UserError, Preempted, KeyboardInterrupt)):
+            return
+        if _timed_out(error):
+            log_to_file("".join(traceback.format_exception(error)).rstrip())
+            self._hang(f"a collective waited DIST.TIMEOUT_S and gave up after step {self.step}")
+
     def close(self, trainer) -> None:
         """Stop the thread."""
         self.stop()
@@ -210,8 +231,15 @@ class Watchdog(Hook):
         self.thread.start()
 
     def stop(self) -> None:
-        """End the thread (the run is over)."""
+        """End the thread (the run is over); the other ranks then no longer wait for this one's heartbeat."""
         self.stopped.set()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5 * self.tick)
+        if self.board is not None:
+            try:
+                self.board.retire()
+            except Exception:  # the store is gone: the job is over
+                pass
 
     def _run(self) -> None:
         """Each tick: heartbeat and messages, then the hang check."""
@@ -223,6 +251,12 @@ class Watchdog(Hook):
                     log.debug("watchdog: store unavailable (%s)", e)
             if self.timeout != 0 and not self.paused and time.monotonic() - self.last > self.limit():
                 self._hang()
+            if self.timeout != 0 and self.paused and self.board is not None:
+                if self._silent_for(self.limit()):
+                    self._hang(f"no heartbeat for {self.limit():.0f} s during the evaluation or checkpoint after "
+                               f"step {self.step} (DIST.HANG_TIMEOUT_S)")
+            else:
+                self.seen.clear()  # a later pause starts its own clock
 
     def _exchange(self) -> None:
         """Heartbeat; rank 0 reads the failures posted, the others the verdict."""
@@ -238,11 +272,27 @@ class Watchdog(Hook):
                     self._dump()
                 _exit(verdict[0])
 
+    def _silent_for(self, limit: float) -> bool:
+        """Paused: True once a watched rank's heartbeat has not moved for `limit` s (rank 0 watches every
+        rank, the others rank 0: store reads that do not grow with the job on every rank)."""
+        watched = [r for r in range(self.dist.world_size) if r != self.dist.rank] if self.dist.is_main else [0]
+        now = time.monotonic()
+        try:
+            beats = {r: self.board.beat_of(r) for r in watched}
+        except Exception:  # the store went away: the job is ending
+            return False
+        for r, beat in beats.items():
+            if beat == _RETIRED:
+                self.seen.pop(r, None)
+            elif r not in self.seen or self.seen[r][0] != beat:
+                self.seen[r] = (beat, now)
+        return any(now - since > limit for _, since in self.seen.values())
+
     def _relay(self, failures: list[tuple[int, int, str]]) -> None:
         """Rank 0: another rank failed (its line is reported, the job exits with its code) or saw a hang."""
         errors = [f for f in failures if f[1] != EXIT_HUNG]
         if not errors:
-            self._hang()
+            self._hang(f"rank {failures[0][0]} saw {failures[0][2]}")
             return
         rank, code, line = errors[0]
         text = f"rank {rank}: {line}"
@@ -266,21 +316,24 @@ class Watchdog(Hook):
             return []
         return [r for r in frozen if r != self.dist.rank]
 
-    def _hang(self) -> None:
-        """No step for too long: stacks, the frozen ranks, run.json, exit 76 (every rank follows)."""
+    def _hang(self, cause: str = "") -> None:
+        """No step for too long (or `cause`): stacks, the frozen ranks, run.json, exit 76 (every rank follows)."""
+        if not self.ending.acquire(blocking=False):  # the other thread is reporting it and will end the process
+            threading.Event().wait()
         limit = self.limit()
+        cause = cause or f"no optimizer step for {limit:.0f} s after step {self.step} (DIST.HANG_TIMEOUT_S)"
         self._dump()
         frozen, beats = [], {}
         if self.board is not None:
             if not self.dist.is_main:
-                self.board.post_failure(EXIT_HUNG, f"no optimizer step for {limit:.0f} s after step {self.step}")
+                self.board.post_failure(EXIT_HUNG, cause)
                 if self.board.await_verdict(VERDICT_WAIT, self.tick, self.step) is not None:
                     _exit(EXIT_HUNG)  # rank 0 reported it
             frozen, beats = self.board.frozen(max(3 * self.tick, 2.0), self.tick, self.step)
             live = [r for r in range(self.dist.world_size) if r not in frozen]
             if live and live[0] != self.dist.rank:
                 _exit(EXIT_HUNG)
-        text = (f"hung: no optimizer step for {limit:.0f} s after step {self.step} (DIST.HANG_TIMEOUT_S); "
+        text = (f"hung: {cause}; "
                 + (f"rank {', '.join(map(str, frozen))} stopped reporting" if frozen else
                    "every rank still reports (a deadlock, not a dead rank)")
                 + f"; each live rank's stacks are in {self.out / 'hang'}; the same command resumes from the "
@@ -329,6 +382,12 @@ class _Resume(Hook):
     def after_epoch(self, trainer) -> None:
         """The epoch's evaluation and checkpoint are done."""
         self.watchdog.resume()
+
+
+def _timed_out(error: BaseException) -> bool:
+    """True for a collective or store that gave up waiting (gloo, NCCL's watchdog, the TCPStore)."""
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text)
 
 
 def _kill_frozen(frozen: list[int], beats: dict[int, list[str]]) -> None:

@@ -24,7 +24,7 @@ from tests.test_distributed import (
     launch,
     logged_a_step,
 )
-from tests.utils import TRAIN, proc_env, proc_stat
+from tests.utils import TRAIN, env, is_alive, proc_env, proc_stat
 
 HANG_S = 8
 
@@ -133,3 +133,74 @@ def test_watchdog_limits():
     dog.slowest = 30.0
     assert dog.limit() == 600.0
     assert Watchdog(8, Path("."), Dist(0, 1, 0, torch.device("cpu")), None).limit() == 600.0
+
+
+CRASH = str(Path(__file__).resolve().parent / "crash_rank.py")
+FROZEN_RUN = [*TINY_RESNET, "TRAIN.MAX_STEPS", "3"]  # the run's last evaluation follows step 3
+
+
+def _frozen_job(tmp_path: Path, at: str, *keys: str) -> tuple[subprocess.CompletedProcess, float]:
+    """torchrun on 2 processes with rank 1 frozen (SIGSTOP) at `at`; its stderr (as stdout: the two interleaved,
+    as stderr: alone); seconds until rank 0 ended.
+
+    The frozen worker is SIGKILLed once rank 0 has ended (torchrun would wait 30 s for it)."""
+    out, log, err = tmp_path / "out", tmp_path / "run.log", tmp_path / "stderr.log"
+    with open(log, "w") as f, open(err, "w") as e:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", CRASH,
+             "--cfg", DIGITS, *FROZEN_RUN, *keys, "OUTPUT_DIR", str(out)], stdout=f, stderr=e,
+            env={**env(), "CRASH_RANK": "1", "CRASH_HOW": "stop", "CRASH_AT": at, "CRASH_STEP": "0"})
+    t0, workers, ended = time.monotonic(), {}, None
+    try:
+        while proc.poll() is None and time.monotonic() - t0 < 150:
+            workers.update(_workers(proc.pid, out))
+            if 0 in workers and not is_alive(workers[0]):
+                ended = ended or time.monotonic() - t0
+                if 1 in workers and is_alive(workers[1]):
+                    os.kill(workers[1], signal.SIGKILL)
+            time.sleep(0.2)
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, log.read_text(), err.read_text()), ended or 0.0
+
+
+def _runner_lines(text: str) -> list[str]:
+    """The output lines that are not torchrun's own (its launcher's log lines and its failure summary)."""
+    summary = text.find("Traceback (most recent call last):\n  File \"<frozen runpy>\"")
+    text = text if summary < 0 else text[:summary]
+    return [line for line in text.splitlines() if line.strip() and not line.startswith(("W1", "E1", "I1"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["watchdog", "collective"])
+def test_rank_frozen_in_evaluation_is_named_in_one_line(tmp_path, first):
+    """Rank 1 freezes in the run's evaluation (the watchdog is paused there): one line names it, exit 76, run.json
+    hung, whether the watchdog's heartbeat check (DIST.HANG_TIMEOUT_S) or gloo's timeout (DIST.TIMEOUT_S) ends
+    it first; no gloo traceback, and the frozen rank is not left for torchrun's 30 s."""
+    keys = ["DIST.HANG_TIMEOUT_S", "5", "DIST.TIMEOUT_S", "60"] if first == "watchdog" else \
+        ["DIST.HANG_TIMEOUT_S", "60", "DIST.TIMEOUT_S", "6"]
+    proc, _ = _frozen_job(tmp_path, "eval", *keys)
+    assert "exitcode: 76" in proc.stderr.replace("  ", " "), proc.stderr[-3000:]
+    lines = _runner_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("hung: "), lines
+    assert "rank 1 stopped reporting" in lines[0]
+    assert ("during the evaluation" if first == "watchdog" else "a collective waited DIST.TIMEOUT_S") in lines[0]
+    assert "Timed out" not in proc.stderr + proc.stdout and "[rank0]" not in proc.stderr
+    assert "Unable to shutdown" not in proc.stderr, "torchrun waited 30 s to kill the frozen rank"
+    status = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert status["status"] == "hung" and status["hung_ranks"] == [1] and status["step"] == 3, status
+
+
+@pytest.mark.slow
+def test_rank_frozen_before_the_process_group_is_named(tmp_path):
+    """Rank 1 freezes before the process group forms: rank 0 names it in one line within DIST.TIMEOUT_S, exit
+    76 (the same command starts again), instead of a store timeout traceback naming no rank; nothing written."""
+    proc, ended = _frozen_job(tmp_path, "setup", "DIST.TIMEOUT_S", "5")
+    assert "exitcode: 76" in proc.stderr.replace("  ", " "), proc.stderr[-3000:]
+    lines = _runner_lines(proc.stderr)
+    assert lines == [lines[0]] and lines[0].startswith("hung: rank 1 did not reach the process group within "
+                                                       "DIST.TIMEOUT_S (5 s)"), lines
+    assert "DistStoreError" not in proc.stderr and "socket.cpp" not in proc.stderr
+    assert 5 < ended < 60, ended
+    assert not (tmp_path / "out").exists()
