@@ -258,7 +258,7 @@ _C.DIST.BUCKET_CAP_MB = 25
 # Hang watchdog: when no optimizer step completes for this many seconds, every live rank writes its threads'
 # stacks to OUTPUT_DIR/hang/rank<r>.txt, run.json says hung, and the job exits 76. -1 = auto (the larger of
 # 300 s and 20 x the measured step time); 0 = off. At least 600 s before the first step; evaluation and
-# checkpoint saves pause it
+# checkpoint saves pause it, except for a rank whose heartbeat stops during them (a frozen process)
 _C.DIST.HANG_TIMEOUT_S = -1.0
 
 # ---------------------------------------------------------------------------------------------------------
