@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Evaluate saved weights on the config's validation split (top-1/top-5), in one process or under torchrun.
 
-    python tools/eval.py --cfg configs/digits/test_resnet.yaml MODEL.CHECKPOINT output/digits/test_resnet/checkpoints/best.pth
+    python tools/eval.py --cfg configs/digits/test_resnet.yaml \
+        MODEL.CHECKPOINT output/digits/test_resnet/checkpoints/best.pth
 
 Prints a line per metric and, last, one JSON object.
 """

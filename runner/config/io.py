@@ -5,6 +5,7 @@ import difflib
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,10 +325,9 @@ _KEY_LINE = re.compile(r"^_C\.([A-Z0-9_.]+)\s*=")
 
 def key_comments() -> dict[str, str]:
     """Each leaf key of defaults.py and the comment lines right above it, read from the file itself."""
-    from runner.config import defaults
-
+    defaults_file = sys.modules[get_default_config.__module__].__file__  # defaults.py, already imported above
     leaves, comments, block = flatten(_C), {}, []
-    for line in Path(defaults.__file__).read_text(encoding="utf-8").splitlines():
+    for line in Path(defaults_file).read_text(encoding="utf-8").splitlines():
         m = _KEY_LINE.match(line)
         if m and m.group(1) in leaves:
             comments[m.group(1)] = "\n".join(block)

@@ -29,7 +29,8 @@ def test_another_config_on_a_killed_run_without_checkpoint_is_refused_and_the_sa
     assert not list((out / "checkpoints").glob("*.pth")) if (out / "checkpoints").exists() else True
     before = snapshot(out)
     assert "config.yaml" in before and "metrics.jsonl" in before
-    other = run_tool("train.py", [*FIRST, "MODEL.NAME", "test_resnet", "TRAIN.OPTIMIZER", "sgd", "OUTPUT_DIR", str(out)])
+    other = run_tool("train.py", [*FIRST, "MODEL.NAME", "test_resnet", "TRAIN.OPTIMIZER", "sgd",
+                                  "OUTPUT_DIR", str(out)])
     assert_user_error(other, "unfinished run", "MODEL.NAME: 'resnet10t' -> 'test_resnet'", "TRAIN.OPTIMIZER")
     assert snapshot(out) == before  # byte for byte
     defaults = run_tool("train.py", ["OUTPUT_DIR", str(out)])  # no --cfg at all: the defaults differ too
