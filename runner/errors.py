@@ -4,8 +4,10 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 EXIT_OK = 0
@@ -72,9 +74,10 @@ def cli(main: Callable[..., int | None]) -> Callable[..., None]:
         try:
             code = main(*args, **kwargs)
         except (UserError, NonFiniteLoss, Preempted, Hung) as e:
-            if not (getattr(e, "relayed", False) and os.environ.get("RANK", "0") != "0"):  # else rank 0 says it
-                text = one_line(str(e))
-                print(f"error: {text}" if isinstance(e, UserError) else text, file=sys.stderr, flush=True)
+            if getattr(e, "relayed", False) and os.environ.get("RANK", "0") != "0":
+                _leave_the_line_to_rank_0(e.exit_code)
+            text = one_line(str(e))
+            print(f"error: {text}" if isinstance(e, UserError) else text, file=sys.stderr, flush=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr, flush=True)
@@ -82,6 +85,21 @@ def cli(main: Callable[..., int | None]) -> Callable[..., None]:
         sys.exit(code or 0)
 
     return wrapper
+
+
+RELAY_WAIT_S = 20.0  # how long a quiet rank waits for rank 0 to say the line (rank 0 meets the same mistake)
+
+
+def _leave_the_line_to_rank_0(code: int) -> None:
+    """A non-zero rank whose mistake rank 0 reports: wait, quiet, until torchrun ends it, then exit `code`.
+
+    Exiting at once would let torchrun SIGTERM rank 0 before rank 0 has printed the line (seen on a loaded
+    machine: no line at all). Rank 0 fails the same way, torchrun then SIGTERMs this rank, which exits with the
+    mistake's own code; if rank 0 never does (another node, other arguments), this rank speaks after the wait.
+    """
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
+    time.sleep(RELAY_WAIT_S)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_script(main: Callable[[], None]) -> None:

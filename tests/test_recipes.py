@@ -129,7 +129,7 @@ def test_bce_trains_two_steps(extra):
     (["TRAIN.LAYER_DECAY", "1.5"], ["TRAIN.LAYER_DECAY must be in [0, 1]"]),
     (["TRAIN.BCE_TARGET_THRESH", "0.2"], ["TRAIN.BCE_TARGET_THRESH", "needs TRAIN.LOSS bce"]),
     (["TRAIN.LOSS", "bce", "TRAIN.BCE_TARGET_THRESH", "1"], ["TRAIN.BCE_TARGET_THRESH must be in [0, 1)"]),
-    (["EVAL.IMG_SIZE", "-1"], ["EVAL.IMG_SIZE must be >= 0"]),
+    (["EVAL.IMG_SIZE", "-1"], ["EVAL.IMG_SIZE must be in [0, 8192]"]),
     (["EVAL.CROP_PCT", "1.2"], ["EVAL.CROP_PCT must be in [0, 1]"]),
     (["MODEL.GRAD_CHECKPOINTING", "maybe"], ["MODEL.GRAD_CHECKPOINTING expects true or false"]),
 ])

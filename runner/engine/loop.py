@@ -36,6 +36,9 @@ class Trainer:
         self.on_close: list = []  # what close() releases (the run lock, the process group)
         self.samples_per_batch = samples_per_batch
         self._batches: Iterator | None = None
+        # False from an optimizer step until the epoch end (or the stop inside an epoch) that follows it: a job
+        # stopped right after a run's last step still owes its evaluation and checkpoint, and the next one pays it
+        self.closed = True
 
     @property
     def step(self) -> int:
@@ -54,15 +57,18 @@ class Trainer:
 
     def train(self) -> dict:
         """The whole run from the resume position, with every hook; the results (or StopRun's status)."""
-        if self.at_end:  # resumed from the last checkpoint: only the results are left to write
+        if self.at_end and self.closed:  # resumed from the last checkpoint: only the results are left to write
             self._call("after_train")
             return self.results
         try:
             self._call("before_train")
             self.run_until(self.total_steps)
-            if self.batch_in_epoch:  # stopped inside an epoch (TRAIN.MAX_STEPS): evaluate and save there
-                self._batches = None
-                self._call("after_epoch")
+            if not self.closed:  # the last step's epoch end, or a stop inside an epoch (TRAIN.MAX_STEPS): close it
+                if self.end_of_epoch:
+                    self._end_epoch()
+                else:
+                    self._batches, self.closed = None, True
+                    self._call("after_epoch")
             self._call("after_train")
         except BaseException as e:
             self._call("on_exception", e)
@@ -89,6 +95,7 @@ class Trainer:
             self.images += x.shape[0]
             self.batch_in_epoch += 1
             if self.stepper.train_batch(x, y, self.batch_in_epoch % self.stepper.accum == 0):
+                self.closed = False
                 self._call("after_step")
                 if self.end_of_epoch:
                     self._end_epoch()
@@ -103,7 +110,7 @@ class Trainer:
         """Advance the position to the next epoch's start, then the epoch's hooks."""
         self.epoch += 1
         self.batch_in_epoch = 0
-        self._batches = None
+        self._batches, self.closed = None, True  # before the hooks: the checkpoint they save has the epoch closed
         self._call("after_epoch")
 
     def _call(self, event: str, *args) -> None:
@@ -114,7 +121,7 @@ class Trainer:
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: the position, the step's state and every hook's part."""
         state = {**self.stepper.state_dict(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                 "step": self.step}
+                 "step": self.step, "epoch_closed": self.closed}
         if self.samples_per_batch:  # the layout-free position: a resume on another number of processes uses it
             state["samples_in_epoch"] = self.batch_in_epoch * self.samples_per_batch
             state["global_batch"] = self.samples_per_batch * self.stepper.accum
@@ -126,6 +133,7 @@ class Trainer:
         """Continue from a checkpoint: the step's state, the position, then every hook's part."""
         self.stepper.load_state_dict(state)
         self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+        self.closed = state.get("epoch_closed", True)  # older checkpoints: as before
         if self.samples_per_batch and "samples_in_epoch" in state:
             self.batch_in_epoch = state["samples_in_epoch"] // self.samples_per_batch
         for hook in self.hooks:

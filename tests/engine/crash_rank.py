@@ -1,10 +1,11 @@
 """tools/train.py with a fault injected on one rank (a test's fault injection, run as a script under torchrun).
 
-    CRASH_RANK=1 CRASH_STEP=3 CRASH_HOW=raise|exit|stop python tests/engine/crash_rank.py [train.py arguments]
+    CRASH_RANK=1 CRASH_STEP=3 CRASH_HOW=raise|exit|stop|slow python tests/engine/crash_rank.py [train.py arguments]
 
 `raise`: a RuntimeError (a real failure, not a user mistake) from the step; `exit`: the process ends at once
 without a word (os._exit), as a rank killed by the kernel would; `stop`: the process freezes (SIGSTOP), at
-CRASH_AT `step` (the default), `eval` (the first evaluation) or `setup` (before the process group forms).
+CRASH_AT `step` (the default), `eval` (the first evaluation) or `setup` (before the process group forms);
+`slow`: every evaluation (CRASH_AT eval) sleeps CRASH_SLEEP seconds first. Without RANK (one process) the rank is 0.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import runpy
 import signal
 import sys
+import time
 from pathlib import Path
 
 from runner.engine import evaluation
@@ -24,12 +26,15 @@ _evaluate = evaluation.evaluate
 
 def _chosen() -> bool:
     """True on the rank the fault is injected into."""
-    return os.environ.get("RANK") == os.environ["CRASH_RANK"]
+    return os.environ.get("RANK", "0") == os.environ["CRASH_RANK"]  # no RANK: a single process, rank 0
 
 
 def _fault() -> None:
     """The injected fault."""
     how = os.environ["CRASH_HOW"]
+    if how == "slow":  # no failure: the work is only late (a slow evaluation, say)
+        time.sleep(float(os.environ.get("CRASH_SLEEP", "5")))
+        return
     if how == "exit":
         os._exit(9)
     if how == "stop":

@@ -3,6 +3,7 @@ and the result equals a run left alone (deterministic kernels on CPU)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -83,3 +84,30 @@ def test_measured_times_carry_to_the_next_job_and_budget_a_pending_evaluation():
     job3.load_state_dict(saved)
     job3.before_train(_at_epoch_end())
     assert job3.need(_at_epoch_end(batch_in_epoch=9)) >= 20.0  # the next epoch end is budgeted from the start
+
+
+@pytest.mark.slow
+def test_a_slow_evaluation_is_budgeted_and_no_job_runs_over_its_limit(tmp_path):
+    """Every evaluation takes 4 s more (injected): each rerun of a 15 s job stays under 15 s until the run is done."""
+    import sys
+
+    from tests.utils import env
+
+    out = tmp_path / "slow_eval"
+    script = str(ROOT / "tests" / "engine" / "crash_rank.py")
+    cmd = [sys.executable, script, "--cfg", DIGITS, *TINY, "TRAIN.EPOCHS", "3", "LOG.TENSORBOARD", "False",
+           "TRAIN.TIME_LIMIT", "15", "OUTPUT_DIR", str(out)]
+    jobs = []
+    for _ in range(12):
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              env=env(CRASH_RANK="0", CRASH_AT="eval", CRASH_HOW="slow", CRASH_SLEEP="4"))
+        jobs.append(round(time.monotonic() - t0, 1))
+        assert jobs[-1] < 15, (jobs, proc.stdout[-2000:])
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == 75, proc.stderr[-3000:]
+    assert proc.returncode == 0, jobs
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "done" and results["step"] == 3 * 22, results
+    assert [r["epoch"] for r in read_jsonl(out / "metrics.jsonl") if "val/top1" in r] == [1, 2, 3]
