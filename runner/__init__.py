@@ -24,3 +24,7 @@ class _NoWandbForTimm(importlib.abc.MetaPathFinder):
 
 if not any(isinstance(f, _NoWandbForTimm) for f in sys.meta_path):
     sys.meta_path.insert(0, _NoWandbForTimm())
+
+from runner import threads as _threads
+
+_threads.configure()  # before any import of torch: libgomp reads OMP_NUM_THREADS and OMP_WAIT_POLICY as it loads

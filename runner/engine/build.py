@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from runner import distributed, runstate
+from runner import distributed, runstate, threads
 from runner.data import build_data
 from runner.data.loaders import epoch_seed
 from runner.distill import distillation_loss
@@ -267,6 +267,7 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -
         raise AlreadyDone(*done, dist.is_main)
     setup_logging(str(out) if dist.is_main else None, dist.rank)
     log.info("OUTPUT_DIR %s (log.txt, metrics.jsonl, checkpoints/, results.json)", out.resolve())
+    log.info("%s", threads.describe())
     if attempt:
         log.info("OUTPUT_DIR %s holds %s of this same config but no checkpoint: starting over (metrics.jsonl "
                  "and TensorBoard restart at step 1; log.txt keeps the earlier lines above this one)", out, attempt)

@@ -1,0 +1,148 @@
+"""CPU threads: torch's intra-op thread count and the OpenMP wait policy, chosen once before torch is imported.
+
+torch's OpenMP threads spin at every barrier for a while (libgomp's default) before they sleep. On a machine whose
+cores other processes hold, the spinning thread keeps the core from the thread it waits for: a 13 s run took
+137-170 s beside two busy processes (docs/PERFORMANCE.md, "CPU threads on a loaded machine"). So the count is
+the cores this process may really use, and the threads wait passively. libgomp reads OMP_NUM_THREADS and
+OMP_WAIT_POLICY once, when torch loads it: `configure()` runs from `runner/__init__.py`, which every tool imports
+before torch. A value the user (or torchrun) put in the environment is kept as it is.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# The values this module put into the environment, for the processes it starts (sweeps, tests, torchrun): they
+# inherit OMP_NUM_THREADS and must tell our choice, which they make again for their own cores and local ranks
+# (torchrun sets OMP_NUM_THREADS=1 per worker only where it is unset), from a user's, which they keep.
+MARKER = "_RUNNER_CPU_THREADS"
+# PASSIVE: a waiting thread sleeps at once (futex) instead of spinning; measured in docs/PERFORMANCE.md.
+WAIT_POLICY = "PASSIVE"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What was chosen and why: the figures the start line reports."""
+
+    threads: int
+    policy: str | None  # None: libgomp's default (OMP_WAIT_POLICY unset)
+    cpus: int  # cores in the affinity mask
+    quota: float | None  # cgroup CPU quota in cores, None without one
+    local_ranks: int
+    threads_from_env: bool
+    policy_from_env: bool
+    torch_first: bool  # torch was imported before runner: the environment came too late for libgomp
+
+
+_choice: Choice | None = None
+
+
+def affinity_cpus() -> int:
+    """Cores this process may run on (taskset, cpuset, Slurm narrow the mask; os.cpu_count() does not see it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def parse_cpu_max(text: str) -> float | None:
+    """Cores from cgroup v2's cpu.max ("QUOTA PERIOD" in µs, "max PERIOD" without a quota)."""
+    fields = text.split()
+    if len(fields) != 2 or fields[0] == "max":
+        return None
+    quota, period = int(fields[0]), int(fields[1])
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def parse_cfs(quota_text: str, period_text: str) -> float | None:
+    """Cores from cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us (quota -1: none)."""
+    quota, period = int(quota_text.strip()), int(period_text.strip())
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cgroup_quota(root: Path = CGROUP_ROOT) -> float | None:
+    """The CPU quota of this process's cgroup in cores (v2, then v1), None where there is none or none readable."""
+    # a container sees its own cgroup at the mount's root (cgroup namespace), which is where Docker, Kubernetes
+    # and Slurm's cgroup plugin put the limit
+    try:
+        return parse_cpu_max((root / "cpu.max").read_text())
+    except (OSError, ValueError):
+        pass
+    for sub in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        try:
+            return parse_cfs((root / sub / "cpu.cfs_quota_us").read_text(),
+                             (root / sub / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def user_value(env: MutableMapping[str, str], name: str) -> str | None:
+    """The value of `name` if the user (or torchrun) set it; None if unset or set by runner in a parent process."""
+    value = env.get(name)
+    if not value:
+        return None
+    ours = dict(item.split("=", 1) for item in env.get(MARKER, "").split() if "=" in item)
+    return None if ours.get(name) == value else value
+
+
+def intra_op_threads(cpus: int, quota: float | None, local_ranks: int) -> int:
+    """The cores this process may use (affinity, quota floored: a thread beyond it is throttled) over local ranks."""
+    usable = min(cpus, math.floor(quota)) if quota is not None else cpus
+    return max(1, usable // max(1, local_ranks))
+
+
+def choose(env: MutableMapping[str, str], cpus: int, quota: float | None, torch_first: bool = False) -> Choice:
+    """The thread count and wait policy for this environment; the user's own values win."""
+    local_ranks = int(env.get("LOCAL_WORLD_SIZE") or 1)
+    user_threads, user_policy = user_value(env, "OMP_NUM_THREADS"), user_value(env, "OMP_WAIT_POLICY")
+    threads = int(user_threads) if user_threads and user_threads.isdigit() else intra_op_threads(
+        cpus, quota, local_ranks)
+    return Choice(threads=threads, policy=user_policy or WAIT_POLICY, cpus=cpus, quota=quota,
+                  local_ranks=local_ranks, threads_from_env=user_threads is not None,
+                  policy_from_env=user_policy is not None, torch_first=torch_first)
+
+
+def apply(choice: Choice, env: MutableMapping[str, str]) -> None:
+    """Put the choice into the environment (libgomp, MKL and OpenBLAS read it when they load) and mark it ours."""
+    ours = {}
+    if not choice.threads_from_env:
+        ours["OMP_NUM_THREADS"] = str(choice.threads)
+    if not choice.policy_from_env and choice.policy:
+        ours["OMP_WAIT_POLICY"] = choice.policy
+    env.update(ours)
+    env[MARKER] = " ".join(f"{k}={v}" for k, v in ours.items())
+
+
+def configure(env: MutableMapping[str, str] | None = None) -> Choice:
+    """Choose and apply once per process (runner/__init__.py); later calls return the first choice."""
+    global _choice
+    if _choice is None:
+        env = os.environ if env is None else env
+        _choice = choose(env, affinity_cpus(), cgroup_quota(), torch_first="torch" in sys.modules)
+        apply(_choice, env)
+        if _choice.torch_first and not _choice.threads_from_env:  # too late for the environment, not for the count
+            import torch
+
+            torch.set_num_threads(_choice.threads)
+    return _choice
+
+
+def describe(choice: Choice | None = None) -> str:
+    """The start line: the count torch uses now, where it came from, and the wait policy."""
+    choice = choice or configure()
+    import torch
+
+    quota = "none" if choice.quota is None else f"{choice.quota:g} cores"
+    why = ("OMP_NUM_THREADS from the environment" if choice.threads_from_env else
+           f"affinity {choice.cpus} core{'s' if choice.cpus != 1 else ''}, cgroup quota {quota}"
+           + (f", {choice.local_ranks} local ranks" if choice.local_ranks > 1 else ""))
+    policy = f"OMP_WAIT_POLICY {choice.policy or 'unset'}" + (" (from the environment)" if choice.policy_from_env
+                                                             else "")
+    if choice.torch_first and not choice.policy_from_env:
+        policy = "OMP_WAIT_POLICY libgomp's default (torch was imported before runner)"
+    return f"CPU threads: {torch.get_num_threads()} intra-op ({why}), {policy}"
