@@ -1,6 +1,7 @@
 """Decoding throughput of folder datasets: images/s per core, plain PIL ImageFolder against runner.data.folder.
 
-    python -m benchmarks.decode [--root DIR] [--images 600] [--repeats 3] [--parts transforms,decode,loader]
+    python -m benchmarks.decode [--root DIR] [--images 600] [--repeats 3]
+        [--parts transforms,decode,quality,loader]
 
 (run from the repository root, as a module; it needs the installed runner, not tests/)
 
@@ -19,10 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torchvision
 from PIL import Image
 from torch.utils.data import DataLoader, RandomSampler
+from torchvision import transforms
+from torchvision.datasets.folder import pil_loader
+from torchvision.transforms import InterpolationMode
 
 from runner.config import get_default_config
 from runner.data.folder import (
@@ -33,6 +38,7 @@ from runner.data.folder import (
     speed_up,
     timm_transform,
 )
+from runner.data.folder.decode import dct_factor, simplejpeg
 from runner.data.memory import export_digits_jpegs
 
 # (data set, output size) cases: the digits config size, the ImageNet size, and a low-resolution size
@@ -67,7 +73,6 @@ def config(root: Path, size: int):
 def pipelines(cfg, train: bool) -> dict:
     """name -> function(path) -> tensor, from the baseline to ours, one change at a time."""
     base = timm_transform(cfg, train)
-    pil_loader = torchvision.datasets.folder.pil_loader
 
     def ours(**kw):
         t = speed_up(base, "RGB", **kw)
@@ -77,8 +82,9 @@ def pipelines(cfg, train: bool) -> dict:
         "baseline: ImageFolder pil_loader + timm": lambda p: base(pil_loader(p)),
         "convert only if needed": ours(reduced_decode=False, fused_tensor=False),
         "+ fused to-tensor/normalize": ours(reduced_decode=False),
-        "+ reduced JPEG decode (PIL resize)": ours(tensor_resize=False),
-        "+ torch uint8 resize (ours)": ours(),
+        "+ reduced JPEG decode (PIL resize)": ours(tensor_resize=False, jpeg_lib=False),
+        "+ torch uint8 resize": ours(jpeg_lib=False),
+        "+ simplejpeg decode (ours)": ours(),
     }
 
 
@@ -116,8 +122,54 @@ def decode_only(paths: list[str], n: int, repeats: int, size: int) -> dict[str, 
     def tv(p):
         return decode_jpeg(read_file(p), mode=ImageReadMode.RGB)
 
-    return rates({"PIL decode": pil_full, "PIL decode, reduced (draft)": pil_draft,
-                  "torchvision.io.decode_jpeg (CPU)": tv}, paths, n, repeats)
+    def sj(p, factor=1):
+        with open(p, "rb") as f:
+            return simplejpeg.decode_jpeg(f.read(), "RGB", min_factor=factor)
+
+    fns = {"PIL decode": pil_full, "PIL decode, reduced (draft)": pil_draft,
+           "PIL decode + numpy array (what torch's resize needs)": lambda p: np.asarray(pil_full(p)),
+           "torchvision.io.decode_jpeg (CPU)": tv}
+    if simplejpeg is not None:
+        size0 = Image.open(paths[0]).size
+        fns["simplejpeg (numpy array)"] = sj
+        fns["simplejpeg, reduced (same scale as draft)"] = lambda p: sj(p, dct_factor(min(size0) * 7 / 8 / size))
+    return rates(fns, paths, n, repeats)
+
+
+def quality(cfg, paths: list[str], crops: int = 50) -> dict[str, tuple[float, ...]]:
+    """Mean absolute difference (0-255 levels) from a Lanczos resize of the fully decoded image, per image:
+    train (the random resized crop's output, the same crops for every pipeline) and eval (the whole transform)."""
+    out = {}
+    for train in (True, False):
+        base = timm_transform(cfg, train)
+        step = (lambda t: t.transforms[0]) if train else (lambda t: t)
+        full, pil, sj = step(base), step(speed_up(base, jpeg_lib=False)), step(speed_up(base))
+        fns = {"baseline": lambda p, t=full: t(pil_loader(p)),
+               "ours, PIL decode": lambda p, t=pil: t(open_image(p)),
+               "ours, simplejpeg decode": lambda p, t=sj: t(open_image(p))}
+        for name, fn in fns.items():
+            split = "train" if train else "eval"
+            out[f"{name}, {split}"] = tuple(levels_off(fn, p, base, train, crops) for p in paths)
+    return out
+
+
+def levels_off(fn, path: str, base: transforms.Compose, train: bool, crops: int) -> float:
+    """Mean levels of fn(path) off the Lanczos reference (train: averaged over `crops` seeded random crops)."""
+    full = pil_loader(path)
+    if not train:
+        ref = transforms.Compose([transforms.Resize(base.transforms[0].size, InterpolationMode.LANCZOS),
+                                  *base.transforms[1:]])(full)
+        std = torch.as_tensor(base.transforms[-1].std).view(-1, 1, 1)
+        return float(((fn(path) - ref).abs() * std * 255).mean())
+    rrc, diffs = base.transforms[0], []
+    for k in range(crops):
+        random.seed(k)
+        got = fn(path)
+        random.seed(k)  # the same draws again: the crop that fn took
+        top, left, h, w = rrc.get_params(full, rrc.scale, rrc.ratio)
+        ref = full.resize(got.size, Image.LANCZOS, box=(left, top, left + w, top + h))
+        diffs.append(float(np.abs(np.asarray(got, np.float32) - np.asarray(ref, np.float32)).mean()))
+    return sum(diffs) / len(diffs)
 
 
 def loader_rates(cfg, workers: list[int], prefetch: list[int], n_batches: int) -> list[tuple]:
@@ -157,7 +209,7 @@ def transform_table(roots: dict, files: dict, n: int, repeats: int) -> None:
     """Print images/s/core of every pipeline for every case."""
     names = " | ".join(pipelines(config(roots["digits"], 32), True))
     print(f"| data -> size | split | {names} | speed-up |")
-    print("|---|---|" + "---:|" * 6)
+    print("|---|---|" + "---:|" * 7)
     for name, size in CASES:
         cfg = config(roots[name], size)
         for train in (True, False):
@@ -173,16 +225,17 @@ def main() -> None:
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "runner-decode-bench"))
     ap.add_argument("--images", type=int, default=600, help="images per timed pass")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--parts", default="transforms,decode",
-                    help="comma-separated: transforms (pipelines per core), decode (decode only), loader "
-                         "(DataLoader wall images/s per worker count and prefetch factor)")
+    ap.add_argument("--parts", default="transforms,decode,quality",
+                    help="comma-separated: transforms (pipelines per core), decode (decode only), quality (levels "
+                         "off a Lanczos reference), loader (DataLoader wall images/s per worker count and prefetch)")
     ap.add_argument("--gpu", action="store_true", help="also time nvJPEG decoding on CUDA")
     args = ap.parse_args()
     torch.set_num_threads(1)
     roots = make_data(Path(args.root))
     files = {k: sorted(str(p) for p in (v / "train").rglob("*.jpg")) for k, v in roots.items()}
+    sj = simplejpeg.__version__ if simplejpeg is not None else "not installed"
     print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, Pillow {Image.__version__}, "
-          f"{os.cpu_count()} CPUs; images/s per core (images / CPU s, best of {args.repeats})\n")
+          f"simplejpeg {sj}, {os.cpu_count()} CPUs; images/s per core (images / CPU s, best of {args.repeats})\n")
     if "transforms" in args.parts:
         transform_table(roots, files, args.images, args.repeats)
     if "decode" in args.parts:
@@ -192,6 +245,12 @@ def main() -> None:
         pho = decode_only(files["photos"], args.images, args.repeats, 64)
         for (k, a), b in zip(dig.items(), pho.values(), strict=True):
             print(f"| {k} | {a:,.0f} | {b:,.0f} |")
+    if "quality" in args.parts:
+        print("\n| levels off a Lanczos reference (china, flower) | photos -> 128 | photos -> 224 |\n|---|---:|---:|")
+        photos = [str(next((roots["photos"] / "train" / c).glob("*.jpg"))) for c in ("china", "flower")]
+        got = [quality(config(roots["photos"], size), photos) for size in (128, 224)]
+        for k in got[0]:
+            print(f"| {k} | " + " | ".join("/".join(f"{v:.2f}" for v in g[k]) for g in got) + " |")
     if args.gpu and torch.cuda.is_available():
         print(f"\nnvJPEG on {torch.cuda.get_device_name()}: digits {gpu_decode(files['digits']):,.0f} img/s, "
               f"photos {gpu_decode(files['photos']):,.0f} img/s (batched 64, decode only)")

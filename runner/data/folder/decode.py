@@ -2,6 +2,8 @@
 decode, torch's uint8 resize) and a fused to-tensor/normalize."""
 from __future__ import annotations
 
+import functools
+import logging
 import random
 import struct
 import zlib
@@ -16,6 +18,13 @@ from timm.data.transforms import MaybeToTensor, RandomResizedCropAndInterpolatio
 from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
+try:  # optional: libjpeg-turbo (bundled in its wheel) decoding straight into a numpy array, DCT-scaled
+    import simplejpeg
+except ImportError:
+    simplejpeg = None
+
+logger = logging.getLogger("runner")
+
 # Errors that mean "this file cannot be decoded"; anything else is a bug and propagates.
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error,
                  Image.DecompressionBombError)
@@ -28,6 +37,11 @@ DRAFT_GAP = 2.0
 TORCH_RESIZE_MIN_PIXELS = 300 * 300
 TENSOR_INTERP = {InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, InterpolationMode.NEAREST,
                  InterpolationMode.NEAREST_EXACT}
+# simplejpeg decodes a 640x427 photo about twice as fast as PIL's decode plus its copy to numpy, but on small
+# JPEGs (224x224 digits) its per-call cost and the copy back into PIL cancel that (docs/PERFORMANCE.md)
+JPEG_LIB_MIN_PIXELS = 300 * 300
+# (file's mode, wanted mode) -> simplejpeg's colorspace; other JPEGs (CMYK, YCCK, RGB to L) go through PIL
+JPEG_COLORSPACE = {("RGB", "RGB"): "RGB", ("L", "RGB"): "RGB", ("L", "L"): "GRAY"}
 
 
 def to_mode(img: Image.Image, mode: str = "RGB") -> Image.Image:
@@ -44,12 +58,17 @@ def to_mode(img: Image.Image, mode: str = "RGB") -> Image.Image:
     return img.convert(mode)
 
 
+def dct_factor(max_factor: float) -> int:
+    """The largest DCT scale-down (8, 4, 2 or 1) that keeps DRAFT_GAP times the size a `max_factor` resize needs."""
+    return next(s for s in (8, 4, 2, 1) if s <= max(max_factor / DRAFT_GAP, 1.0))
+
+
 def draft(img: Image.Image, mode: str, max_factor: float) -> tuple[Image.Image, int]:
     """Decode `img` in `mode`; a JPEG at the largest DCT scale-down (1/2, 1/4, 1/8) not above `max_factor`.
 
     Returns the decoded image and the scale-down factor used (1 for other formats or when nothing fits).
     """
-    factor = next(s for s in (8, 4, 2, 1) if s <= max(max_factor / DRAFT_GAP, 1.0))
+    factor = dct_factor(max_factor)
     if factor > 1 and img.format == "JPEG":
         img.draft(mode, (img.width // factor, img.height // factor))  # libjpeg then picks exactly `factor`
     else:
@@ -57,9 +76,28 @@ def draft(img: Image.Image, mode: str, max_factor: float) -> tuple[Image.Image, 
     return to_mode(img, mode), factor
 
 
-def chw_uint8(img: Image.Image) -> torch.Tensor:
-    """A decoded PIL image as a uint8 CHW tensor in channels-last memory (what torch's fast resize wants)."""
-    arr = np.array(img, dtype=np.uint8)
+def jpeg_array(img: Image.Image, mode: str, max_factor: float) -> tuple[np.ndarray, int] | None:
+    """The JPEG `img` decoded by simplejpeg into an HxWxC uint8 array at draft()'s DCT scale-down (same pixels),
+    and that factor; None when simplejpeg is missing, the file is no RGB/L JPEG, is small, or simplejpeg rejects it."""
+    colorspace = JPEG_COLORSPACE.get((img.mode, mode))
+    if simplejpeg is None or img.format != "JPEG" or colorspace is None or img.width * img.height < JPEG_LIB_MIN_PIXELS:
+        return None
+    s = dct_factor(max_factor)
+    img.fp.seek(0)
+    data = img.fp.read()
+    try:  # min sizes and min_factor together allow exactly 1/s: the size libjpeg gives draft() (ceil(side / s))
+        arr = simplejpeg.decode_jpeg(data, colorspace, min_height=-(-img.height // s),
+                                     min_width=-(-img.width // s), min_factor=s)
+    except ValueError:  # simplejpeg is strict (a truncated file): PIL decides, leniently or with its own error
+        return None
+    img.close()  # the file is read: release it now, as PIL's load() does
+    return arr, s
+
+
+def chw_uint8(img: Image.Image | np.ndarray) -> torch.Tensor:
+    """A decoded PIL image (or HxW(xC) uint8 array) as a uint8 CHW tensor in channels-last memory (what torch's
+    fast resize wants)."""
+    arr = img if isinstance(img, np.ndarray) else np.array(img, dtype=np.uint8)
     return torch.from_numpy(arr[:, :, None] if arr.ndim == 2 else arr).permute(2, 0, 1)
 
 
@@ -74,9 +112,10 @@ class FastRandomResizedCrop(RandomResizedCropAndInterpolation):
     smallest DCT scale that keeps the crop at least as large as the output, and torch resizing the uint8."""
 
     def __init__(self, base: RandomResizedCropAndInterpolation, mode: str = "RGB",
-                 tensor_resize: bool = True):
+                 tensor_resize: bool = True, jpeg_lib: bool = True):
         self.size, self.scale, self.ratio = base.size, base.scale, base.ratio
         self.interpolation, self.mode, self.tensor_resize = base.interpolation, mode, tensor_resize
+        self.jpeg_lib = jpeg_lib  # decode JPEGs with simplejpeg when it is installed (False: PIL only)
 
     def __call__(self, img: Image.Image) -> Image.Image:
         """Crop and resize `img` (opened, not yet decoded) to self.size."""
@@ -85,13 +124,37 @@ class FastRandomResizedCrop(RandomResizedCropAndInterpolation):
         interp = self.interpolation
         if isinstance(interp, (tuple, list)):
             interp = random.choice(interp)
-        img, s = draft(img, self.mode, min(w / out_w, h / out_h))
-        if not (self.tensor_resize and interp in TENSOR_INTERP and w * h >= TORCH_RESIZE_MIN_PIXELS * s * s):
+        max_factor = min(w / out_w, h / out_h)
+        decoded = jpeg_array(img, self.mode, max_factor) if self.jpeg_lib else None
+        if decoded is not None:
+            return self.resize_array(*decoded, (top, left, h, w), interp)
+        img, s = draft(img, self.mode, max_factor)
+        if not self.use_torch(interp, w * h, s):
             box = (left / s, top / s, (left + w) / s, (top + h) / s)
             return img.resize((out_w, out_h), TF.pil_modes_mapping[interp], box=box)
         y0, x0 = top // s, left // s
         crop = chw_uint8(img)[:, y0:max(y0 + 1, (top + h) // s), x0:max(x0 + 1, (left + w) // s)]
         return to_pil(F2.resize(crop, [out_h, out_w], interp, antialias=True), self.mode)
+
+    def use_torch(self, interp: InterpolationMode, pixels: int, s: int) -> bool:
+        """Whether torch resizes this crop (`pixels` in the full image, decoded at 1/s) rather than PIL."""
+        return self.tensor_resize and interp in TENSOR_INTERP and pixels >= TORCH_RESIZE_MIN_PIXELS * s * s
+
+    def resize_array(self, arr: np.ndarray, s: int, crop: tuple[int, int, int, int],
+                     interp: InterpolationMode) -> Image.Image:
+        """Resize the crop (top, left, h, w in full-size pixels) of `arr`, decoded at 1/s, as __call__ does."""
+        top, left, h, w = crop
+        out_h, out_w = self.size
+        if self.use_torch(interp, w * h, s):
+            y0, x0 = top // s, left // s
+            t = chw_uint8(arr)[:, y0:max(y0 + 1, (top + h) // s), x0:max(x0 + 1, (left + w) // s)]
+            return to_pil(F2.resize(t, [out_h, out_w], interp, antialias=True), self.mode)
+        # PIL: copy only the rows and columns the (fractional) box touches, not the whole image
+        y0, x0 = int(top / s), int(left / s)
+        y1, x1 = -(-(top + h) // s), -(-(left + w) // s)
+        sub = np.ascontiguousarray(arr[y0:y1, x0:x1, 0] if self.mode == "L" else arr[y0:y1, x0:x1])
+        box = (left / s - x0, top / s - y0, (left + w) / s - x0, (top + h) / s - y0)
+        return Image.fromarray(sub, self.mode).resize((out_w, out_h), TF.pil_modes_mapping[interp], box=box)
 
 
 class FastResize:
@@ -147,15 +210,33 @@ class ToNormalizedTensor:
         return f"{type(self).__name__}()"
 
 
+def jpeg_lib_note(available: bool) -> str | None:
+    """The line saying the train crops decode JPEGs with PIL because simplejpeg is missing (None if it is not)."""
+    if available:
+        return None
+    return ("simplejpeg is not installed: training crops decode JPEGs with PIL (slower on large photos; "
+            "pip install simplejpeg)")
+
+
+@functools.cache
+def log_jpeg_lib_note() -> None:
+    """Log jpeg_lib_note once per process (the first train transform built), not once per split or rebuild."""
+    note = jpeg_lib_note(simplejpeg is not None)
+    if note:
+        logger.info("%s", note)
+
+
 def speed_up(transform: transforms.Compose, mode: str = "RGB", reduced_decode: bool = True,
-             fused_tensor: bool = True, tensor_resize: bool = True) -> transforms.Compose:
+             fused_tensor: bool = True, tensor_resize: bool = True, jpeg_lib: bool = True) -> transforms.Compose:
     """timm's transform, same steps and sizes, for images opened with open_image: decoding and converting
-    only as needed, a reduced JPEG decode, torch's uint8 resize and a fused to-tensor/normalize (each can
-    be turned off, for the benchmark)."""
+    only as needed, a reduced JPEG decode (simplejpeg's when installed and jpeg_lib), torch's uint8 resize and a
+    fused to-tensor/normalize (each can be turned off, for the benchmark)."""
     steps = list(transform.transforms)
     first = steps[0]
     if reduced_decode and type(first) is RandomResizedCropAndInterpolation:
-        steps[0] = FastRandomResizedCrop(first, mode, tensor_resize)
+        steps[0] = FastRandomResizedCrop(first, mode, tensor_resize, jpeg_lib)
+        if jpeg_lib:
+            log_jpeg_lib_note()
     elif reduced_decode and isinstance(first, transforms.Resize):
         steps[0] = FastResize(first, mode, tensor_resize)
     else:
