@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import sys
+import warnings
 from pathlib import Path
 
 from runner.fsutil import atomic_write
@@ -69,6 +70,10 @@ def setup_logging(output_dir: str | None, rank: int) -> None:
 
 def _capture_warnings() -> None:
     """Route Python's warnings through the runner's handlers (console and log.txt), once per setup."""
+    if getattr(warnings.showwarning, "__module__", None) != "logging":
+        # an earlier capture was undone from outside (a warnings.catch_warnings block restored showwarning), and
+        # captureWarnings(True) alone would then do nothing: it patches only when it thinks it has not yet
+        logging.captureWarnings(False)
     logging.captureWarnings(True)
     py_warnings = logging.getLogger("py.warnings")
     py_warnings.handlers[:] = log.handlers

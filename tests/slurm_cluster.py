@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+REQUEUE_SETTLE_S = 2.5  # see Cluster.release_requeued
+
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
 
 
@@ -49,6 +51,7 @@ class Cluster:
 
     def __init__(self, root: Path):
         self.root = root
+        self.pending_since: dict[str, float] = {}  # requeued job id -> when release_requeued first saw it waiting
         self.procs: list[subprocess.Popen] = []
         self.host = socket.gethostname().split(".")[0]
         self.conf = root / "slurm.conf"
@@ -131,11 +134,20 @@ class Cluster:
         return out.startswith("idle")
 
     def release_requeued(self) -> list[str]:
-        """Start requeued jobs now: SLURM holds a requeued job until a BeginTime a while ahead."""
+        """Start requeued jobs soon: SLURM holds a requeued job until a BeginTime a while ahead.
+
+        A job is released only REQUEUE_SETTLE_S after it was first seen waiting: slurmd revokes the job's
+        credential when it kills the old instance, with one-second resolution, and refuses a launch whose
+        credential is from the same second ("Job credential revoked"; the job then ends, failed, never to run
+        again). Seen once under load, when the requeued task was allocated 0.3 s after its requeue.
+        """
         out = self.run("squeue", "-h", "-t", "PD", "-r", "-o", "%i %r", check=False).stdout.split("\n")
-        ids = [line.split()[0] for line in out if line.strip().endswith("BeginTime")]
+        waiting = [line.split()[0] for line in out if line.strip().endswith("BeginTime")]
+        now = time.monotonic()
+        ids = [job for job in waiting if now - self.pending_since.setdefault(job, now) >= REQUEUE_SETTLE_S]
         for job in ids:
             self.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+            del self.pending_since[job]
         return ids
 
     def cancel_all(self, seconds: float = 60) -> None:

@@ -28,3 +28,24 @@ def test_early_and_python_warnings_reach_log_txt(tmp_path):
         for handler in log.handlers:
             handler.close()
         log.handlers.clear()
+
+
+def test_warnings_reach_log_txt_after_a_capture_was_undone_from_outside(tmp_path):
+    """A capture undone by a warnings.catch_warnings block around an earlier run in this process (pytest wraps
+    every test in one) is made again: logging.captureWarnings(True) alone does nothing the second time."""
+    log = logging.getLogger("runner")
+    try:
+        with warnings.catch_warnings():  # an earlier in-process run, inside a block that restores showwarning
+            setup_logging(None, 0)
+        setup_logging(str(tmp_path), 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("after an undone capture", UserWarning, stacklevel=1)
+        for handler in log.handlers:
+            handler.flush()
+        assert "after an undone capture" in (tmp_path / "log.txt").read_text()
+    finally:
+        logging.captureWarnings(False)
+        for handler in log.handlers:
+            handler.close()
+        log.handlers.clear()
