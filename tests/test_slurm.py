@@ -181,13 +181,16 @@ def test_preempted_task_continues_exactly(slurm_cluster: Cluster, tmp_path: Path
 def test_time_limit_warning_saves_requeues_and_finishes(slurm_cluster: Cluster, tmp_path: Path) -> None:
     """--time=1 with USR1 50 s before it: the task saves at the warning, requeues itself and finishes.
 
-    Each attempt trains from its start-up until the warning (~10 s after the job starts; TRAIN.TIME_LIMIT 30 s
-    as the backstop), so the 4 x 101 steps take two attempts on an idle machine, more under load."""
+    Each attempt trains from its start-up until the warning or TRAIN.TIME_LIMIT, whichever comes first: slurmctld
+    checks time limits every 30 s, so the warning due 10 s after the start may come up to 30 s later, and the
+    backstop (the time left minus 30 s) stops the task 30 s after it started. The run must outlast that: 25 x 101
+    steps take about 40 s of training on an idle 2-core machine (10 epochs, ~17 s, ended in the first attempt
+    there), so two attempts, more under load."""
     out = tmp_path / "tl"
-    sub = slurm_sh(slurm_cluster, "--time=1", "run", "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.EPOCHS", "4",
+    sub = slurm_sh(slurm_cluster, "--time=1", "run", "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.EPOCHS", "25",
                    *TINY, WARN_SIGNAL="USR1@50")
     assert sub.returncode == 0, sub.stderr
-    wait_all_ended(slurm_cluster, timeout=200)
+    wait_all_ended(slurm_cluster, timeout=300)
     ev = events(out.parent, "tl")
     ends = [e for e in ev if e["event"] == "end"]
     assert ends[0]["action"] == "requeue", ends  # stopped by the warning signal (or TRAIN.TIME_LIMIT), requeued
