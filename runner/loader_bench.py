@@ -150,7 +150,7 @@ def verdict_line(cfg: Any, v: dict[str, Any]) -> str:
     nw, w, gives = v["loader_workers_needed"], v["loader_config_workers"], v["loader_config_img_per_s"]
     bound = (f"data-bound at DATA.NUM_WORKERS {cfg.DATA.NUM_WORKERS}" if v["loader_data_bound"]
              else f"not data-bound at DATA.NUM_WORKERS {cfg.DATA.NUM_WORKERS}")
-    resolved = f" (-1: {w} worker{'s' if w != 1 else ''} here)" if cfg.DATA.NUM_WORKERS < 0 else ""
+    resolved = f" ({w} worker{'s' if w != 1 else ''} on this rank)" if cfg.DATA.NUM_WORKERS < 0 else ""
     how = "measured" if v["loader_config_measured"] else "estimated"
     if v["loader_in_process"]:
         return (f"verdict: the step needs {need:.0f} img/s per rank; DATA.NAME {cfg.DATA.NAME} is read in the training"
