@@ -94,9 +94,8 @@ def _loader(cfg, dist, counts: list[int] | None, batches: int, warmup: int, reco
     return "\n".join([head, lbench.format_rows(rows), lbench.verdict_line(cfg, record)])
 
 
-@cli
-def main(argv: list[str] | None = None) -> int:
-    """Load the config, benchmark each model x batch-size combination, print the table and JSON."""
+def _parser():
+    """The tool's options beside the config's."""
     parser = build_parser(description="Training and inference throughput of a config, as tools/train.py builds it.")
     parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps (default 20)")
     parser.add_argument("--warmup", type=int, default=5,
@@ -113,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loader-batches", type=int, default=20, help="timed loader batches per count (default 20)")
     parser.add_argument("--loader-warmup", type=int, default=2,
                         help="untimed loader batches first, plus one per worker (default 2)")
+    return parser
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    """Load the config, benchmark each model x batch-size combination, print the table and JSON."""
+    parser = _parser()
     loaded = config_command(argv, parser)
     if loaded is None:
         return 0
