@@ -1,9 +1,10 @@
 """CPU threads: torch's intra-op thread count and the OpenMP wait policy, chosen once before torch is imported.
 
 torch's OpenMP threads spin at every barrier for a while (libgomp's default) before they sleep. On a machine whose
-cores other processes hold, the spinning thread keeps the core from the thread it waits for: a 13 s run took
-137-170 s beside two busy processes (docs/PERFORMANCE.md, "CPU threads on a loaded machine"). So the count is
-the cores this process may really use, and the threads wait passively. libgomp reads OMP_NUM_THREADS and
+cores other processes hold, the spinning thread keeps the core from the thread it waits for: a 10 s run took
+152 s beside two busy processes (docs/PERFORMANCE.md, "CPU threads on a loaded machine"). So the count is the
+cores this process may really use, and where other processes already fill them at start the threads wait
+passively. libgomp reads OMP_NUM_THREADS and
 OMP_WAIT_POLICY once, when torch loads it: `configure()` runs from `runner/__init__.py`, which every tool imports
 before torch. A value the user (or torchrun) put in the environment is kept as it is.
 """
@@ -20,7 +21,13 @@ from pathlib import Path
 # inherit OMP_NUM_THREADS and must tell our choice, which they make again for their own cores and local ranks
 # (torchrun sets OMP_NUM_THREADS=1 per worker only where it is unset), from a user's, which they keep.
 MARKER = "_RUNNER_CPU_THREADS"
-# PASSIVE: a waiting thread sleeps at once (futex) instead of spinning; measured in docs/PERFORMANCE.md.
+# PASSIVE: a waiting thread sleeps at once (futex) instead of spinning. It is a trade (docs/PERFORMANCE.md, "CPU
+# threads on a loaded machine", README's digits run, 2 cores, medians of 3): quiet 9.8 -> 19.2 s (each of the
+# tiny model's many short parallel regions pays a wake-up), beside two busy torch processes 152 -> 59 s. So it is
+# chosen only when other processes already fill the cores at start (1-minute load average >= the usable cores):
+# spinning then steals the core from the very thread it waits for. The thread count is NOT lowered by load
+# (one thread: 15.4 / 36 s): it would make a run's numerics depend on the machine's load (CPU kernels split
+# their reductions by thread), and a resumed run could then differ from the run left alone.
 WAIT_POLICY = "PASSIVE"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -33,6 +40,7 @@ class Choice:
     policy: str | None  # None: libgomp's default (OMP_WAIT_POLICY unset)
     cpus: int  # cores in the affinity mask
     quota: float | None  # cgroup CPU quota in cores, None without one
+    load: float | None  # the 1-minute load average at start (None where the system has none)
     local_ranks: int
     threads_from_env: bool
     policy_from_env: bool
@@ -81,6 +89,14 @@ def cgroup_quota(root: Path = CGROUP_ROOT) -> float | None:
     return None
 
 
+def load_average() -> float | None:
+    """The 1-minute load average, None where the system does not keep one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def user_value(env: MutableMapping[str, str], name: str) -> str | None:
     """The value of `name` if the user (or torchrun) set it; None if unset or set by runner in a parent process."""
     value = env.get(name)
@@ -96,13 +112,21 @@ def intra_op_threads(cpus: int, quota: float | None, local_ranks: int) -> int:
     return max(1, usable // max(1, local_ranks))
 
 
-def choose(env: MutableMapping[str, str], cpus: int, quota: float | None, torch_first: bool = False) -> Choice:
-    """The thread count and wait policy for this environment; the user's own values win."""
+def busy(load: float | None, cpus: int, quota: float | None) -> bool:
+    """True when other processes' runnable threads already fill the cores this process may use."""
+    usable = min(cpus, math.floor(quota)) if quota is not None else cpus
+    return load is not None and load >= max(1, usable)
+
+
+def choose(env: MutableMapping[str, str], cpus: int, quota: float | None, torch_first: bool = False,
+           load: float | None = None) -> Choice:
+    """The thread count and wait policy for this environment and load; the user's own values win."""
     local_ranks = int(env.get("LOCAL_WORLD_SIZE") or 1)
     user_threads, user_policy = user_value(env, "OMP_NUM_THREADS"), user_value(env, "OMP_WAIT_POLICY")
     threads = int(user_threads) if user_threads and user_threads.isdigit() else intra_op_threads(
         cpus, quota, local_ranks)
-    return Choice(threads=threads, policy=user_policy or WAIT_POLICY, cpus=cpus, quota=quota,
+    policy = user_policy or (WAIT_POLICY if busy(load, cpus, quota) else None)
+    return Choice(threads=threads, policy=policy, cpus=cpus, quota=quota, load=load,
                   local_ranks=local_ranks, threads_from_env=user_threads is not None,
                   policy_from_env=user_policy is not None, torch_first=torch_first)
 
@@ -123,7 +147,8 @@ def configure(env: MutableMapping[str, str] | None = None) -> Choice:
     global _choice
     if _choice is None:
         env = os.environ if env is None else env
-        _choice = choose(env, affinity_cpus(), cgroup_quota(), torch_first="torch" in sys.modules)
+        _choice = choose(env, affinity_cpus(), cgroup_quota(), torch_first="torch" in sys.modules,
+                         load=load_average())
         apply(_choice, env)
         if _choice.torch_first and not _choice.threads_from_env:  # too late for the environment, not for the count
             import torch
@@ -141,8 +166,17 @@ def describe(choice: Choice | None = None) -> str:
     why = ("OMP_NUM_THREADS from the environment" if choice.threads_from_env else
            f"affinity {choice.cpus} core{'s' if choice.cpus != 1 else ''}, cgroup quota {quota}"
            + (f", {choice.local_ranks} local ranks" if choice.local_ranks > 1 else ""))
-    policy = f"OMP_WAIT_POLICY {choice.policy or 'unset'}" + (" (from the environment)" if choice.policy_from_env
-                                                             else "")
+    policy = _policy_text(choice)
     if choice.torch_first and not choice.policy_from_env:
         policy = "OMP_WAIT_POLICY libgomp's default (torch was imported before runner)"
     return f"CPU threads: {torch.get_num_threads()} intra-op ({why}), {policy}"
+
+
+def _policy_text(choice: Choice) -> str:
+    """The wait policy and why: the user's, or chosen from the load at start."""
+    if choice.policy_from_env:
+        return f"OMP_WAIT_POLICY {choice.policy} (from the environment)"
+    load = "unknown" if choice.load is None else f"{choice.load:.1f}"
+    if choice.policy:
+        return f"OMP_WAIT_POLICY {choice.policy} (load average {load}: the cores are busy, waiting threads sleep)"
+    return f"OMP_WAIT_POLICY unset (load average {load}: libgomp's spin-wait)"
