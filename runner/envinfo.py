@@ -15,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from runner.threads import affinity_cpus
+
 NOT_INSTALLED = "not installed"
 _PACKAGES = ("torch", "timm", "yacs", "tensorboard", "numpy")
 _MB = 1024**2
@@ -108,8 +110,8 @@ def cpu_model() -> str:
 
 def _cpu_info() -> dict[str, Any]:
     """Logical CPUs on the machine and those this process may run on (cgroups/taskset narrow it)."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info: dict[str, Any] = {"count": os.cpu_count(), "usable": usable, "torch_threads": None, "model": cpu_model()}
+    info: dict[str, Any] = {"count": os.cpu_count(), "usable": affinity_cpus(), "torch_threads": None,
+                            "model": cpu_model()}
     try:
         import torch
 

@@ -106,16 +106,19 @@ def user_value(env: MutableMapping[str, str], name: str) -> str | None:
     return None if ours.get(name) == value else value
 
 
+def usable_cores(cpus: int, quota: float | None) -> int:
+    """The cores of the affinity mask, floored to the quota (a thread beyond it is throttled); at least 1."""
+    return max(1, min(cpus, math.floor(quota)) if quota is not None else cpus)
+
+
 def intra_op_threads(cpus: int, quota: float | None, local_ranks: int) -> int:
     """The cores this process may use (affinity, quota floored: a thread beyond it is throttled) over local ranks."""
-    usable = min(cpus, math.floor(quota)) if quota is not None else cpus
-    return max(1, usable // max(1, local_ranks))
+    return max(1, usable_cores(cpus, quota) // max(1, local_ranks))
 
 
 def busy(load: float | None, cpus: int, quota: float | None) -> bool:
     """True when other processes' runnable threads already fill the cores this process may use."""
-    usable = min(cpus, math.floor(quota)) if quota is not None else cpus
-    return load is not None and load >= max(1, usable)
+    return load is not None and load >= usable_cores(cpus, quota)
 
 
 def choose(env: MutableMapping[str, str], cpus: int, quota: float | None, torch_first: bool = False,

@@ -21,6 +21,7 @@ import torch
 
 from runner.data.memory import random_shift
 from runner.distributed import Dist
+from runner.threads import affinity_cpus
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -231,8 +232,7 @@ class ToDevice:
 
 def _cpu_share() -> tuple[int, int]:
     """(CPUs this process may use shared among the local ranks, the worker count DATA.NUM_WORKERS -1 takes)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    share = max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    share = max(1, affinity_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     return share, (max(1, min(8, share - 1)) if share > 1 else 0)
 
 
