@@ -42,24 +42,28 @@ from runner.data.folder.decode import dct_factor, simplejpeg
 from runner.data.memory import export_digits_jpegs
 
 # (data set, output size) cases: the digits config size, the ImageNet size, and a low-resolution size
-CASES = [("digits", 32), ("digits", 224), ("photos", 224), ("photos", 128)]
+CASES = [("digits", 32), ("digits", 224), ("photos", 224), ("photos", 128), ("photos500", 224), ("photos500", 128)]
 
 
 def make_data(root: Path) -> dict[str, Path]:
     """Write the benchmark folders once; return the folder of each data set."""
-    digits, photos = root / "digits", root / "photos"
+    digits, photos, photos500 = root / "digits", root / "photos", root / "photos500"
     if not (digits / "val").is_dir():
         export_digits_jpegs(digits, size=224)
-    if not (photos / "val").is_dir():
+    if not (photos500 / "val").is_dir():
         from sklearn.datasets import load_sample_images
 
         for src in load_sample_images().filenames:
-            for split in ("train", "val"):
-                out = photos / split / Path(src).stem
-                out.mkdir(parents=True, exist_ok=True)
-                for k in range(64):
-                    shutil.copyfile(src, out / f"{k:03d}.jpg")
-    return {"digits": digits, "photos": photos}
+            # the photo as it ships (640x427) and as a 500x375 JPEG (quality 90, 4:2:0, ImageNet's typical size)
+            small = root / f"{Path(src).stem}-500.jpg"
+            Image.open(src).convert("RGB").resize((500, 375), Image.LANCZOS).save(small, quality=90)
+            for folder, file in ((photos, src), (photos500, small)):
+                for split in ("train", "val"):
+                    out = folder / split / Path(src).stem
+                    out.mkdir(parents=True, exist_ok=True)
+                    for k in range(64):
+                        shutil.copyfile(file, out / f"{k:03d}.jpg")
+    return {"digits": digits, "photos": photos, "photos500": photos500}
 
 
 def config(root: Path, size: int):
@@ -83,8 +87,9 @@ def pipelines(cfg, train: bool) -> dict:
         "convert only if needed": ours(reduced_decode=False, fused_tensor=False),
         "+ fused to-tensor/normalize": ours(reduced_decode=False),
         "+ reduced JPEG decode (PIL resize)": ours(tensor_resize=False, jpeg_lib=False),
-        "+ torch uint8 resize": ours(jpeg_lib=False),
-        "+ simplejpeg decode (ours)": ours(),
+        "+ torch uint8 resize": ours(jpeg_lib=False, tensors=False),
+        "+ simplejpeg decode": ours(tensors=False),
+        "+ flips and jitter on the tensor (ours)": ours(),
     }
 
 
@@ -143,13 +148,34 @@ def quality(cfg, paths: list[str], crops: int = 50) -> dict[str, tuple[float, ..
     for train in (True, False):
         base = timm_transform(cfg, train)
         step = (lambda t: t.transforms[0]) if train else (lambda t: t)
-        full, pil, sj = step(base), step(speed_up(base, jpeg_lib=False)), step(speed_up(base))
+        full, pil = step(base), step(speed_up(base, jpeg_lib=False, tensors=False))
+        sj = step(speed_up(base, tensors=False))  # the crop step's PIL output: what the reference compares
         fns = {"baseline": lambda p, t=full: t(pil_loader(p)),
                "ours, PIL decode": lambda p, t=pil: t(open_image(p)),
                "ours, simplejpeg decode": lambda p, t=sj: t(open_image(p))}
         for name, fn in fns.items():
             split = "train" if train else "eval"
             out[f"{name}, {split}"] = tuple(levels_off(fn, p, base, train, crops) for p in paths)
+    return out
+
+
+def levels_off_timm(cfg, paths: list[str], draws: int = 50) -> list[tuple[float, float]]:
+    """Per image, the mean and largest difference (0-255 levels) between our whole train transform and timm's own,
+    each run with the same seeds (the same crop, flip and jitter draws)."""
+    base = timm_transform(cfg, True)
+    ours = speed_up(base)
+    std = torch.as_tensor(base.transforms[-1].std).view(-1, 1, 1)
+    out = []
+    for path in paths:
+        diffs = []
+        for k in range(draws):
+            got = []
+            for fn, opener in ((base, pil_loader), (ours, open_image)):
+                random.seed(k)
+                torch.manual_seed(k)
+                got.append(fn(opener(path)))
+            diffs.append((got[0] - got[1]).abs() * std * 255)
+        out.append((float(torch.stack(diffs).mean()), float(torch.stack(diffs).max())))
     return out
 
 
@@ -209,7 +235,7 @@ def transform_table(roots: dict, files: dict, n: int, repeats: int) -> None:
     """Print images/s/core of every pipeline for every case."""
     names = " | ".join(pipelines(config(roots["digits"], 32), True))
     print(f"| data -> size | split | {names} | speed-up |")
-    print("|---|---|" + "---:|" * 7)
+    print("|---|---|" + "---:|" * 8)
     for name, size in CASES:
         cfg = config(roots[name], size)
         for train in (True, False):
@@ -251,6 +277,13 @@ def main() -> None:
         got = [quality(config(roots["photos"], size), photos) for size in (128, 224)]
         for k in got[0]:
             print(f"| {k} | " + " | ".join("/".join(f"{v:.2f}" for v in g[k]) for g in got) + " |")
+        print("\n| ours against timm's own train transform, same draws (china, flower) | mean levels | largest |")
+        print("|---|---:|---:|")
+        for name, size in [("photos", 128), ("photos", 224), ("photos500", 224)]:
+            pics = [str(next((roots[name] / "train" / c).glob("*.jpg"))) for c in ("china", "flower")]
+            got = levels_off_timm(config(roots[name], size), pics)
+            print(f"| {name} -> {size} | " + "/".join(f"{m:.3f}" for m, _ in got) + " | "
+                  + "/".join(f"{x:.0f}" for _, x in got) + " |")
     if args.gpu and torch.cuda.is_available():
         print(f"\nnvJPEG on {torch.cuda.get_device_name()}: digits {gpu_decode(files['digits']):,.0f} img/s, "
               f"photos {gpu_decode(files['photos']):,.0f} img/s (batched 64, decode only)")

@@ -112,13 +112,15 @@ class FastRandomResizedCrop(RandomResizedCropAndInterpolation):
     smallest DCT scale that keeps the crop at least as large as the output, and torch resizing the uint8."""
 
     def __init__(self, base: RandomResizedCropAndInterpolation, mode: str = "RGB",
-                 tensor_resize: bool = True, jpeg_lib: bool = True):
+                 tensor_resize: bool = True, jpeg_lib: bool = True, as_tensor: bool = False):
         self.size, self.scale, self.ratio = base.size, base.scale, base.ratio
         self.interpolation, self.mode, self.tensor_resize = base.interpolation, mode, tensor_resize
         self.jpeg_lib = jpeg_lib  # decode JPEGs with simplejpeg when it is installed (False: PIL only)
+        self.as_tensor = as_tensor  # give a uint8 CHW tensor (the steps after it take tensors), not a PIL image
 
-    def __call__(self, img: Image.Image) -> Image.Image:
-        """Crop and resize `img` (opened, not yet decoded) to self.size."""
+    def __call__(self, img: Image.Image) -> Image.Image | torch.Tensor:
+        """Crop and resize `img` (opened, not yet decoded) to self.size: a PIL image, or with as_tensor a uint8 CHW
+        tensor."""
         top, left, h, w = self.get_params(img, self.scale, self.ratio)
         out_h, out_w = self.size
         interp = self.interpolation
@@ -126,35 +128,37 @@ class FastRandomResizedCrop(RandomResizedCropAndInterpolation):
             interp = random.choice(interp)
         max_factor = min(w / out_w, h / out_h)
         decoded = jpeg_array(img, self.mode, max_factor) if self.jpeg_lib else None
-        if decoded is not None:
-            return self.resize_array(*decoded, (top, left, h, w), interp)
-        img, s = draft(img, self.mode, max_factor)
-        if not self.use_torch(interp, w * h, s):
-            box = (left / s, top / s, (left + w) / s, (top + h) / s)
-            return img.resize((out_w, out_h), TF.pil_modes_mapping[interp], box=box)
-        y0, x0 = top // s, left // s
-        crop = chw_uint8(img)[:, y0:max(y0 + 1, (top + h) // s), x0:max(x0 + 1, (left + w) // s)]
-        return to_pil(F2.resize(crop, [out_h, out_w], interp, antialias=True), self.mode)
-
-    def use_torch(self, interp: InterpolationMode, pixels: int, s: int) -> bool:
-        """Whether torch resizes this crop (`pixels` in the full image, decoded at 1/s) rather than PIL."""
-        return self.tensor_resize and interp in TENSOR_INTERP and pixels >= TORCH_RESIZE_MIN_PIXELS * s * s
-
-    def resize_array(self, arr: np.ndarray, s: int, crop: tuple[int, int, int, int],
-                     interp: InterpolationMode) -> Image.Image:
-        """Resize the crop (top, left, h, w in full-size pixels) of `arr`, decoded at 1/s, as __call__ does."""
-        top, left, h, w = crop
-        out_h, out_w = self.size
-        if self.use_torch(interp, w * h, s):
+        pixels, s = decoded if decoded is not None else draft(img, self.mode, max_factor)
+        if self.use_torch(interp, w * h, s, isinstance(pixels, np.ndarray)):
             y0, x0 = top // s, left // s
-            t = chw_uint8(arr)[:, y0:max(y0 + 1, (top + h) // s), x0:max(x0 + 1, (left + w) // s)]
-            return to_pil(F2.resize(t, [out_h, out_w], interp, antialias=True), self.mode)
-        # PIL: copy only the rows and columns the (fractional) box touches, not the whole image
+            crop = chw_uint8(pixels)[:, y0:max(y0 + 1, (top + h) // s), x0:max(x0 + 1, (left + w) // s)]
+            out = F2.resize(crop, [out_h, out_w], interp, antialias=True)
+            return out if self.as_tensor else to_pil(out, self.mode)
+        out = self.pil_resize(pixels, s, (top, left, h, w), interp)
+        return chw_uint8(out) if self.as_tensor else out
+
+    def use_torch(self, interp: InterpolationMode, pixels: int, s: int, array: bool) -> bool:
+        """Whether torch resizes this crop (`pixels` in the full image, decoded at 1/s into a numpy `array` or a
+        PIL image) rather than PIL."""
+        if not (self.tensor_resize and interp in TENSOR_INTERP):
+            return False  # torch has no antialiased Lanczos, box or Hamming: PIL resizes those
+        # a tensor out needs no copy back to PIL, and an array no copy out of it; at full scale the crop's box is
+        # whole pixels, as torch's slicing takes it (PIL keeps a reduced decode's fractional box exactly)
+        return (self.as_tensor and array and s == 1) or pixels >= TORCH_RESIZE_MIN_PIXELS * s * s
+
+    def pil_resize(self, pixels: Image.Image | np.ndarray, s: int, crop: tuple[int, int, int, int],
+                   interp: InterpolationMode) -> Image.Image:
+        """PIL's resize of the crop (top, left, h, w in full-size pixels) of `pixels`, decoded at 1/s."""
+        top, left, h, w = crop
+        size, resample = (self.size[1], self.size[0]), TF.pil_modes_mapping[interp]
+        if isinstance(pixels, Image.Image):
+            return pixels.resize(size, resample, box=(left / s, top / s, (left + w) / s, (top + h) / s))
+        # an array: copy only the rows and columns the (fractional) box touches, not the whole image
         y0, x0 = int(top / s), int(left / s)
         y1, x1 = -(-(top + h) // s), -(-(left + w) // s)
-        sub = np.ascontiguousarray(arr[y0:y1, x0:x1, 0] if self.mode == "L" else arr[y0:y1, x0:x1])
+        sub = np.ascontiguousarray(pixels[y0:y1, x0:x1, 0] if self.mode == "L" else pixels[y0:y1, x0:x1])
         box = (left / s - x0, top / s - y0, (left + w) / s - x0, (top + h) / s - y0)
-        return Image.fromarray(sub, self.mode).resize((out_w, out_h), TF.pil_modes_mapping[interp], box=box)
+        return Image.fromarray(sub, self.mode).resize(size, resample, box=box)
 
 
 class FastResize:
@@ -194,15 +198,51 @@ class DecodeMode:
         return f"{type(self).__name__}(mode={self.mode})"
 
 
+class FastColorJitter:
+    """torchvision's ColorJitter without hue (timm's default train jitter) on a uint8 CHW tensor, in one float pass:
+    the same draws and order, and PIL's arithmetic (grayscale weights, rounded contrast mean, each step clipped
+    and truncated to a level), so it gives timm's PIL pixels but for a rare level. Returns float levels 0-255."""
+
+    def __init__(self, base: transforms.ColorJitter):
+        self.base = base
+        self.gray_weights = torch.tensor([[0.299, 0.587, 0.114]])
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        """Jitter the uint8 CHW tensor `t` (1 or 3 channels)."""
+        b = self.base
+        order, brightness, contrast, saturation, _ = b.get_params(b.brightness, b.contrast, b.saturation, None)
+        x = t.to(torch.float32, memory_format=torch.contiguous_format)
+        for k in order.tolist():
+            if k == 0 and brightness is not None:
+                x.mul_(brightness).clamp_(max=255.0).floor_()
+            elif k == 1 and contrast is not None:
+                mean = float(torch.floor(self.gray(x).mean() + 0.5))
+                x.sub_(mean).mul_(contrast).add_(mean).clamp_(0.0, 255.0).floor_()
+            elif k == 2 and saturation is not None and x.shape[0] == 3:  # PIL's saturation leaves L unchanged
+                g = self.gray(x)
+                x.sub_(g).mul_(saturation).add_(g).clamp_(0.0, 255.0).floor_()
+        return x
+
+    def gray(self, x: torch.Tensor) -> torch.Tensor:
+        """PIL's convert("L") of the float levels `x`: 1xHxW, rounded to levels."""
+        if x.shape[0] == 1:
+            return x
+        return (self.gray_weights @ x.view(3, -1)).view(1, *x.shape[1:]).add_(0.5).floor_()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base!r})"
+
+
 class ToNormalizedTensor:
-    """MaybeToTensor + Normalize in one pass: uint8 image -> float CHW (x / 255 - mean) / std."""
+    """MaybeToTensor + Normalize in one pass: uint8 image (or a CHW tensor of levels) -> float CHW
+    (x / 255 - mean) / std."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]):
         self.mean = torch.as_tensor(mean, dtype=torch.float32).view(-1, 1, 1) * 255.0
         self.inv_std = 1.0 / (torch.as_tensor(std, dtype=torch.float32).view(-1, 1, 1) * 255.0)
 
     def __call__(self, pic: Image.Image | torch.Tensor) -> torch.Tensor:
-        """The normalized float tensor of a PIL image or a uint8 CHW tensor."""
+        """The normalized float tensor of a PIL image or a CHW tensor of levels (uint8, or FastColorJitter's float)."""
         t = pic if isinstance(pic, torch.Tensor) else chw_uint8(pic)
         return t.float().contiguous().sub_(self.mean).mul_(self.inv_std)
 
@@ -226,11 +266,29 @@ def log_jpeg_lib_note() -> None:
         logger.info("%s", note)
 
 
+def tensor_tail(steps: list) -> list | None:
+    """The steps between the first and ToNormalizedTensor, ColorJitter made FastColorJitter, when each takes a
+    uint8 CHW tensor with the same draws as timm's PIL step (flips, jitter without hue); None otherwise."""
+    tail = []
+    for step in steps[1:]:
+        if isinstance(step, ToNormalizedTensor):
+            return tail
+        if type(step) in (transforms.RandomHorizontalFlip, transforms.RandomVerticalFlip):
+            tail.append(step)
+        elif type(step) is transforms.ColorJitter and step.hue is None:
+            tail.append(FastColorJitter(step))
+        else:
+            return None  # a PIL-only step (RandAugment, AutoAugment, ...) or one whose tensor result differs
+    return None
+
+
 def speed_up(transform: transforms.Compose, mode: str = "RGB", reduced_decode: bool = True,
-             fused_tensor: bool = True, tensor_resize: bool = True, jpeg_lib: bool = True) -> transforms.Compose:
+             fused_tensor: bool = True, tensor_resize: bool = True, jpeg_lib: bool = True,
+             tensors: bool = True) -> transforms.Compose:
     """timm's transform, same steps and sizes, for images opened with open_image: decoding and converting
-    only as needed, a reduced JPEG decode (simplejpeg's when installed and jpeg_lib), torch's uint8 resize and a
-    fused to-tensor/normalize (each can be turned off, for the benchmark)."""
+    only as needed, a reduced JPEG decode (simplejpeg's when installed and jpeg_lib), torch's uint8 resize, a
+    fused to-tensor/normalize, and with `tensors` the train crop's flips and jitter on its uint8 tensor instead
+    of PIL images (each can be turned off, for the benchmark)."""
     steps = list(transform.transforms)
     first = steps[0]
     if reduced_decode and type(first) is RandomResizedCropAndInterpolation:
@@ -246,6 +304,10 @@ def speed_up(transform: transforms.Compose, mode: str = "RGB", reduced_decode: b
         if fused_tensor and isinstance(pair[0], MaybeToTensor) and isinstance(pair[1], transforms.Normalize):
             steps[i:i + 2] = [ToNormalizedTensor(pair[1].mean, pair[1].std)]
             break
+    tail = tensor_tail(steps) if tensors and tensor_resize and isinstance(steps[0], FastRandomResizedCrop) else None
+    if tail is not None:
+        steps[0].as_tensor = True
+        steps[1:1 + len(tail)] = tail
     return transforms.Compose(steps)
 
 
