@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +25,18 @@ MARKER = "_RUNNER_CPU_THREADS"
 # PASSIVE: a waiting thread sleeps at once (futex) instead of spinning. It is a trade (docs/PERFORMANCE.md, "CPU
 # threads on a loaded machine", README's digits run, 2 cores, medians of 3): quiet 9.8 -> 19.2 s (each of the
 # tiny model's many short parallel regions pays a wake-up), beside two busy torch processes 152 -> 59 s. So it is
-# chosen only when other processes already fill the cores at start (1-minute load average >= the usable cores):
-# spinning then steals the core from the very thread it waits for. The thread count is NOT lowered by load
+# chosen only when other processes fill the cores at start: the 1-minute load average >= the usable cores AND, over
+# a 0.2 s look at /proc/stat (taken only then), other processes keep that many of this process's cores busy less
+# half a core. The load average alone lags by a minute: a run started right after another ended (a sweep, a paired
+# benchmark) saw 2.0-2.2 on idle cores and went PASSIVE. Spinning on cores others hold steals the core from the
+# very thread it waits for. The thread count is NOT lowered by load
 # (one thread: 15.4 / 36 s): it would make a run's numerics depend on the machine's load (CPU kernels split
 # their reductions by thread), and a resumed run could then differ from the run left alone.
 WAIT_POLICY = "PASSIVE"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_STAT = Path("/proc/stat")
+BUSY_WINDOW_S = 0.2  # /proc/stat counts in ticks of 10 ms: 20 per core in the window
+BUSY_SLACK = 0.5  # cores: the look's resolution and a short-lived process's share
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class Choice:
     cpus: int  # cores in the affinity mask
     quota: float | None  # cgroup CPU quota in cores, None without one
     load: float | None  # the 1-minute load average at start (None where the system has none)
+    busy_now: float | None  # cores of ours other processes kept busy at start (None: not looked, or no /proc/stat)
     local_ranks: int
     threads_from_env: bool
     policy_from_env: bool
@@ -116,20 +124,53 @@ def intra_op_threads(cpus: int, quota: float | None, local_ranks: int) -> int:
     return max(1, usable_cores(cpus, quota) // max(1, local_ranks))
 
 
-def busy(load: float | None, cpus: int, quota: float | None) -> bool:
-    """True when other processes' runnable threads already fill the cores this process may use."""
+def cpu_times(text: str, cpus: set[int]) -> tuple[int, int]:
+    """(busy, total) ticks of `cpus` in /proc/stat's text (idle and iowait are not busy; guest time is in user)."""
+    busy = total = 0
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+            continue
+        ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+        total += sum(ticks)
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy, total
+
+
+def cores_busy_now(window: float = BUSY_WINDOW_S, stat: Path = PROC_STAT) -> float | None:
+    """Cores of this process's affinity mask that other processes kept busy over `window` seconds (this one
+    sleeps meanwhile); None where there is no /proc/stat."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    try:
+        before = cpu_times(stat.read_text(), cpus)
+        time.sleep(window)
+        after = cpu_times(stat.read_text(), cpus)
+    except (OSError, ValueError):
+        return None
+    ticks = after[1] - before[1]
+    return None if ticks <= 0 else len(cpus) * (after[0] - before[0]) / ticks
+
+
+def loaded(load: float | None, cpus: int, quota: float | None) -> bool:
+    """True when the 1-minute load average says other processes' threads fill the cores this process may use."""
     return load is not None and load >= usable_cores(cpus, quota)
 
 
+def busy(load: float | None, cpus: int, quota: float | None, busy_now: float | None = None) -> bool:
+    """True when other processes fill the cores this process may use: the load average says so, and the look at
+    the cores now (where taken) does not belie it."""
+    return loaded(load, cpus, quota) and (busy_now is None or busy_now >= usable_cores(cpus, quota) - BUSY_SLACK)
+
+
 def choose(env: MutableMapping[str, str], cpus: int, quota: float | None, torch_first: bool = False,
-           load: float | None = None) -> Choice:
+           load: float | None = None, busy_now: float | None = None) -> Choice:
     """The thread count and wait policy for this environment and load; the user's own values win."""
     local_ranks = int(env.get("LOCAL_WORLD_SIZE") or 1)
     user_threads, user_policy = user_value(env, "OMP_NUM_THREADS"), user_value(env, "OMP_WAIT_POLICY")
     threads = int(user_threads) if user_threads and user_threads.isdigit() else intra_op_threads(
         cpus, quota, local_ranks)
-    policy = user_policy or (WAIT_POLICY if busy(load, cpus, quota) else None)
-    return Choice(threads=threads, policy=policy, cpus=cpus, quota=quota, load=load,
+    policy = user_policy or (WAIT_POLICY if busy(load, cpus, quota, busy_now) else None)
+    return Choice(threads=threads, policy=policy, cpus=cpus, quota=quota, load=load, busy_now=busy_now,
                   local_ranks=local_ranks, threads_from_env=user_threads is not None,
                   policy_from_env=user_policy is not None, torch_first=torch_first)
 
@@ -150,8 +191,12 @@ def configure(env: MutableMapping[str, str] | None = None) -> Choice:
     global _choice
     if _choice is None:
         env = os.environ if env is None else env
-        _choice = choose(env, affinity_cpus(), cgroup_quota(), torch_first="torch" in sys.modules,
-                         load=load_average())
+        cpus, quota, load = affinity_cpus(), cgroup_quota(), load_average()
+        # the look costs 0.2 s of start-up, so it is taken only where the load average already says busy, and
+        # only where the choice is ours to make
+        look = loaded(load, cpus, quota) and user_value(env, "OMP_WAIT_POLICY") is None
+        _choice = choose(env, cpus, quota, torch_first="torch" in sys.modules, load=load,
+                         busy_now=cores_busy_now() if look else None)
         apply(_choice, env)
         if _choice.torch_first and not _choice.threads_from_env:  # too late for the environment, not for the count
             import torch
@@ -180,6 +225,8 @@ def _policy_text(choice: Choice) -> str:
     if choice.policy_from_env:
         return f"OMP_WAIT_POLICY {choice.policy} (from the environment)"
     load = "unknown" if choice.load is None else f"{choice.load:.1f}"
+    if choice.busy_now is not None:
+        load += f", {choice.busy_now:.1f} of {usable_cores(choice.cpus, choice.quota)} cores busy now"
     if choice.policy:
         return f"OMP_WAIT_POLICY {choice.policy} (load average {load}: the cores are busy, waiting threads sleep)"
     return f"OMP_WAIT_POLICY unset (load average {load}: libgomp's spin-wait)"

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,46 @@ def test_wait_policy_follows_the_load_at_start_and_the_count_does_not(cpus, quot
     assert choice.threads == threads.choose({}, cpus=cpus, quota=quota).threads  # numerics never follow the load
     threads.apply(choice, env)
     assert env.get("OMP_WAIT_POLICY") == policy
+
+
+@pytest.mark.parametrize("load, busy_now, policy", [
+    (2.2, 0.1, None),  # the load average still counts a run that just ended (a sweep's last job): cores idle now
+    (2.2, 1.4, None),
+    (2.2, 1.6, "PASSIVE"),  # others hold the cores now too
+    (2.2, None, "PASSIVE"),  # no look taken (no /proc/stat): the load average decides
+    (1.0, 2.0, None),  # the look is only taken, and only counts, where the load average says busy
+])
+def test_a_look_at_the_cores_now_overrules_a_lagging_load_average(load, busy_now, policy):
+    choice = threads.choose({}, cpus=2, quota=None, load=load, busy_now=busy_now)
+    assert choice.policy == policy
+    line = threads._policy_text(choice)
+    assert ("cores busy now" in line) == (busy_now is not None)
+    assert busy_now is None or f"{busy_now:.1f} of 2 cores busy now" in line
+
+
+def test_proc_stat_ticks_count_only_this_process_cores():
+    text = ("cpu  300 0 100 900 10 0 0 0 0 0\n"
+            "cpu0 100 0 50 400 5 0 0 0 0 0\n"
+            "cpu1 200 0 50 500 5 0 0 0 0 0\n"
+            "intr 12345\nctxt 999\n")
+    assert threads.cpu_times(text, {0}) == (150, 555)
+    assert threads.cpu_times(text, {0, 1}) == (400, 1310)
+    assert threads.cpu_times(text, {5}) == (0, 0)
+
+
+@pytest.mark.skipif(not threads.PROC_STAT.exists(), reason="needs /proc/stat")
+def test_cores_busy_now_sees_real_busy_processes():
+    """One spinning process per core of ours: the look counts nearly all of them; stopped, it is a valid share."""
+    cores = threads.affinity_cpus()
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        time.sleep(0.5)
+        assert threads.cores_busy_now() >= cores - threads.BUSY_SLACK
+    finally:
+        for proc in spin:
+            proc.kill()
+            proc.wait()
+    assert 0.0 <= threads.cores_busy_now(0.1) <= cores
 
 
 def test_values_a_parent_runner_set_are_chosen_again():
