@@ -2,7 +2,7 @@
 """The runner against timm's own train.py on the same job: whole-process wall time, CPU time and final top-1.
 
     python benchmarks/vs_timm.py --timm-train PATH/TO/timm/train.py [--runs 3] [--epochs 10] [--work DIR]
-        [--model resnet18] [--size 32] [--workers 2]
+        [--model resnet18] [--size 32] [--workers 2] [--tree CHECKOUT]
 
 timm's train.py is not part of this project: fetch timm's repository (or take train.py from a checkout of the
 timm release that is installed) to a scratch folder and name the file. The job is the issue's: scikit-learn's
@@ -39,7 +39,7 @@ def _ours(data: Path, out: Path, a: argparse.Namespace) -> list[str]:
             "AUG.RATIO": "[1.0, 1.0]", "AUG.HFLIP": "0", "AUG.COLOR_JITTER": "0", "AUG.CROP_PCT": "1.0",
             "DATA.NUM_WORKERS": str(a.workers), "DATA.MEAN": "[0.5, 0.5, 0.5]", "DATA.STD": "[0.5, 0.5, 0.5]",
             "MODEL.CHANNELS_LAST": "false", "SEED": "0", "OUTPUT_DIR": str(out)}
-    return [sys.executable, str(ROOT / "tools" / "train.py"), *[x for kv in keys.items() for x in kv]]
+    return [sys.executable, str(a.tree / "tools" / "train.py"), *[x for kv in keys.items() for x in kv]]
 
 
 def _timm(data: Path, out: Path, a: argparse.Namespace) -> list[str]:
@@ -70,11 +70,15 @@ def _user_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ours and k != threads.MARKER}
 
 
-def _run(which: str, cmd: list[str], out: Path) -> dict:
-    """One whole-process run: wall seconds, CPU seconds (its workers included) and top-1."""
+def _run(which: str, cmd: list[str], out: Path, tree: Path = ROOT) -> dict:
+    """One whole-process run: wall seconds, CPU seconds (its workers included) and top-1; ours imports the runner
+    of `tree` (another checkout goes first on PYTHONPATH)."""
+    env = _user_env()
+    if which == "ours" and tree.resolve() != ROOT:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree.resolve()), *filter(None, [env.get("PYTHONPATH")])])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent, env=_user_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent, env=env)
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -107,6 +111,8 @@ def main() -> None:
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new temporary one)")
+    p.add_argument("--tree", type=Path, default=ROOT,
+                   help="the runner checkout to time (default: this one; e.g. a `git worktree` of an older commit)")
     a = p.parse_args()
     if not a.timm_train.is_file():
         p.error(f"--timm-train {a.timm_train} is not a file")
@@ -122,7 +128,7 @@ def main() -> None:
             out = work / f"{which}-{i}-{time.time_ns()}"
             out.parent.mkdir(parents=True, exist_ok=True)
             cmd = (_ours if which == "ours" else _timm)(data, out, a)
-            rows[which].append(_run(which, cmd, out))
+            rows[which].append(_run(which, cmd, out, a.tree))
             print(f"round {i} {which}: {rows[which][-1]}", flush=True)
     result = _table(rows)
     print(json.dumps({"job": vars(a) | {"timm_train": str(a.timm_train), "work": str(work)}, **result}, default=str))
