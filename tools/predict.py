@@ -18,7 +18,10 @@ import os
 import sys
 from pathlib import Path
 
+# isort: off
+import runner  # noqa: F401  (first: its CPU-thread choice must be in the environment before torch loads)
 import torch
+# isort: on
 
 from runner.config import build_parser, config_command, flatten, get_default_config
 from runner.errors import EXIT_USER, UserError, cli
