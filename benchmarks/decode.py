@@ -175,7 +175,8 @@ def levels_off_timm(cfg, paths: list[str], draws: int = 50) -> list[tuple[float,
                 torch.manual_seed(k)
                 got.append(fn(opener(path)))
             diffs.append((got[0] - got[1]).abs() * std * 255)
-        out.append((float(torch.stack(diffs).mean()), float(torch.stack(diffs).max())))
+        levels = torch.stack(diffs)
+        out.append((float(levels.mean()), float(levels.max())))
     return out
 
 

@@ -29,9 +29,9 @@ MARKER = "_RUNNER_CPU_THREADS"
 # a 0.2 s look at /proc/stat (taken only then), other processes keep that many of this process's cores busy less
 # half a core. The load average alone lags by a minute: a run started right after another ended (a sweep, a paired
 # benchmark) saw 2.0-2.2 on idle cores and went PASSIVE. Spinning on cores others hold steals the core from the
-# very thread it waits for. The thread count is NOT lowered by load
-# (one thread: 15.4 / 36 s): it would make a run's numerics depend on the machine's load (CPU kernels split
-# their reductions by thread), and a resumed run could then differ from the run left alone.
+# very thread it waits for. The thread count is NOT lowered by load (one thread: 15.4 / 36 s): it would make a
+# run's numerics depend on the machine's load (CPU kernels split their reductions by thread), and a resumed run
+# could then differ from the run left alone.
 WAIT_POLICY = "PASSIVE"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_STAT = Path("/proc/stat")
@@ -58,11 +58,16 @@ class Choice:
 _choice: Choice | None = None
 
 
-def affinity_cpus() -> int:
-    """Cores this process may run on (taskset, cpuset, Slurm narrow the mask; os.cpu_count() does not see it)."""
+def affinity_set() -> set[int]:
+    """The CPUs this process may run on (taskset, cpuset, Slurm narrow the mask; os.cpu_count() does not see it)."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
+def affinity_cpus() -> int:
+    """How many CPUs this process may run on (affinity_set's size)."""
+    return len(affinity_set())
 
 
 def parse_cpu_max(text: str) -> float | None:
@@ -140,7 +145,7 @@ def cpu_times(text: str, cpus: set[int]) -> tuple[int, int]:
 def cores_busy_now(window: float = BUSY_WINDOW_S, stat: Path = PROC_STAT) -> float | None:
     """Cores of this process's affinity mask that other processes kept busy over `window` seconds (this one
     sleeps meanwhile); None where there is no /proc/stat."""
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cpus = affinity_set()
     try:
         before = cpu_times(stat.read_text(), cpus)
         time.sleep(window)
