@@ -71,7 +71,7 @@ def inline_yaml(value: Any) -> str:
 # Keys that only extend or observe a run: changing them keeps the output folder and allows resuming
 RESUME_SAFE_KEYS = frozenset(
     ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "TRAIN.EXTEND", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
-     "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
+     "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.WORKER_START", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
      "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "MODEL.COMPILE", "MODEL.COMPILE_MODE",
      "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR",  # ACCUM_STEPS: the global batch is checked at resume
      "DATA.SHARD_URL", "DATA.SHARD_RETRIES"]  # where the same shards are read from, and how patiently
@@ -97,6 +97,7 @@ ENUMS = {
     "DEVICE": ("auto", "cpu", "cuda"),
     "MODEL.COMPILE_MODE": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "DATA.NAME": ("digits", "folder", "synthetic", "shards"),
+    "DATA.WORKER_START": ("forkserver", "fork", "spawn"),
     "AUG.REMODE": ("const", "rand", "pixel"),
     "AUG.INTERPOLATION": ("bilinear", "bicubic", "nearest", "random"),
     "TRAIN.SCHEDULER": ("cosine", "step", "none"),
@@ -116,6 +117,9 @@ _GE1 = (lambda x: x >= 1, ">= 1")
 # allocator traceback rather than a line
 MAX_SIDE = 8192
 _SIDE = (lambda x: 1 <= x <= MAX_SIDE, f"in [1, {MAX_SIDE}]")
+# DataLoader workers per rank: more is a typo (1000 on 2 cores started 1000 processes and hung for minutes, or
+# ran the machine out of memory); the loaders cap the count to the machine's cores at run time
+MAX_WORKERS = 256
 _GT0 = (lambda x: x > 0, "> 0")
 _PROB = (lambda x: 0 <= x <= 1, "in [0, 1]")
 _RATE = (lambda x: 0 <= x < 1, "in [0, 1)")
@@ -124,7 +128,8 @@ _RULES = {
     "MODEL.NUM_CLASSES": _GE1, "MODEL.IN_CHANS": _GE1,
     "MODEL.DROP_RATE": _RATE, "MODEL.DROP_PATH_RATE": _RATE,
     "DATA.IMG_SIZE": _SIDE, "DATA.BATCH_SIZE": _GE1, "DATA.EVAL_BATCH_SIZE": _GE0,
-    "DATA.NUM_WORKERS": (lambda x: x >= -1, ">= 0 (or -1 for auto)"), "DATA.PREFETCH_FACTOR": _GE1,
+    "DATA.NUM_WORKERS": (lambda x: -1 <= x <= MAX_WORKERS, f"in [0, {MAX_WORKERS}] (or -1 for auto)"),
+    "DATA.PREFETCH_FACTOR": _GE1,
     "DATA.VAL_FRACTION": (lambda x: 0 < x < 1, "in (0, 1)"), "DATA.SYNTHETIC_SIZE": _GE1,
     "DATA.BAD_FILE_BUDGET": _PROB,
     "DATA.SHARD_STREAMS": _GE1, "DATA.SHARD_WINDOW": _GE1, "DATA.SHARD_RETRIES": _GE1,
@@ -194,6 +199,9 @@ def coerce_value(key: str, value: Any, default: Any, raw: str | None = None,
     if isinstance(out, float) and not math.isfinite(out):
         raise UserError(f"{key} must be a finite number, got {given!r} ({where})")
     if isinstance(out, int) and not isinstance(out, bool) and not -_INT_LIMIT <= out < _INT_LIMIT:
+        rule = _RULES.get(key)
+        if rule is not None and not rule[0](out):  # a key with its own range says that range, for every value
+            raise UserError(f"{key} must be {rule[1]}, got {given} ({where})")
         raise UserError(f"{key} must be an integer in [-2**63, 2**63), got {given!r} ({where})")
     if isinstance(out, str) and "\0" in out:  # the OS refuses it in paths, C libraries cut names at it
         raise UserError(f"{key} contains a NUL character ({where}): text values cannot hold one")

@@ -239,7 +239,7 @@ FILES = {
     (["AUG.MIXUP", "-0.1"], r"AUG.MIXUP must be >= 0"),
     (["AUG.CUTMIX", "-1"], r"AUG.CUTMIX must be >= 0"),
     (["AUG.HFLIP", "1.5"], r"AUG.HFLIP must be in \[0, 1\]"),
-    (["DATA.NUM_WORKERS", "-2"], r"DATA.NUM_WORKERS must be >= 0 \(or -1 for auto\)"),
+    (["DATA.NUM_WORKERS", "-2"], r"DATA.NUM_WORKERS must be in \[0, 256\] \(or -1 for auto\)"),
     (["DATA.NAME", "folder"], r"DATA.NAME folder needs DATA.ROOT"),
     (["DATA.NAME", "folder", "DATA.ROOT", "/no/such/dir"], r"DATA.ROOT '/no/such/dir' is not a folder"),
     (["MODEL.IN_CHANS", "1"], r"DATA.MEAN needs one value per input channel \(MODEL.IN_CHANS 1\)"),
@@ -377,3 +377,13 @@ def test_cli_mistakes_exit_2_with_one_line(args, expected):
                           timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and expected in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_absurd_num_workers_is_refused_before_anything_starts(tmp_path):
+    from tests.utils import assert_user_error, run_tool
+
+    out = tmp_path / "run"
+    r = run_tool("train.py", ["--cfg", "configs/digits/test_resnet.yaml", "DATA.NUM_WORKERS", "1000",
+                              "OUTPUT_DIR", str(out)], timeout=60)
+    assert_user_error(r, "DATA.NUM_WORKERS must be in [0, 256]", "got 1000")
+    assert not out.exists()
