@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import MutableMapping
@@ -53,6 +54,7 @@ class Choice:
     threads_from_env: bool
     policy_from_env: bool
     torch_first: bool  # torch was imported before runner: the environment came too late for libgomp
+    ignored: str | None = None  # an OMP_NUM_THREADS from the environment that is no thread count, replaced
 
 
 _choice: Choice | None = None
@@ -167,17 +169,29 @@ def busy(load: float | None, cpus: int, quota: float | None, busy_now: float | N
     return loaded(load, cpus, quota) and (busy_now is None or busy_now >= usable_cores(cpus, quota) - BUSY_SLACK)
 
 
+def thread_count(text: str) -> int | None:
+    """The count an OMP_NUM_THREADS value gives the outermost level ("4", or libgomp's nested list "4,2");
+    None when it is no list of whole numbers of at least 1 (libgomp would ignore it, with its own complaint)."""
+    if not re.fullmatch(r"\s*[0-9]+\s*(,\s*[0-9]+\s*)*", text) or min(int(p) for p in text.split(",")) < 1:
+        return None
+    return int(text.split(",")[0])
+
+
 def choose(env: MutableMapping[str, str], cpus: int, quota: float | None, torch_first: bool = False,
            load: float | None = None, busy_now: float | None = None) -> Choice:
     """The thread count and wait policy for this environment and load; the user's own values win."""
     local_ranks = int(env.get("LOCAL_WORLD_SIZE") or 1)
     user_threads, user_policy = user_value(env, "OMP_NUM_THREADS"), user_value(env, "OMP_WAIT_POLICY")
-    threads = int(user_threads) if user_threads and user_threads.isdigit() else intra_op_threads(
-        cpus, quota, local_ranks)
+    # an invalid count is ignored with one warning rather than refused: this runs as runner is imported (every
+    # tool, before any command line is read), and libgomp itself ignores such a value
+    ignored = user_threads if user_threads is not None and thread_count(user_threads) is None else None
+    if ignored is not None:
+        user_threads = None
+    threads = thread_count(user_threads) if user_threads else intra_op_threads(cpus, quota, local_ranks)
     policy = user_policy or (WAIT_POLICY if busy(load, cpus, quota, busy_now) else None)
     return Choice(threads=threads, policy=policy, cpus=cpus, quota=quota, load=load, busy_now=busy_now,
                   local_ranks=local_ranks, threads_from_env=user_threads is not None,
-                  policy_from_env=user_policy is not None, torch_first=torch_first)
+                  policy_from_env=user_policy is not None, torch_first=torch_first, ignored=ignored)
 
 
 def apply(choice: Choice, env: MutableMapping[str, str]) -> None:
@@ -202,12 +216,21 @@ def configure(env: MutableMapping[str, str] | None = None) -> Choice:
         look = loaded(load, cpus, quota) and user_value(env, "OMP_WAIT_POLICY") is None
         _choice = choose(env, cpus, quota, torch_first="torch" in sys.modules, load=load,
                          busy_now=cores_busy_now() if look else None)
-        apply(_choice, env)
+        apply(_choice, env)  # an ignored value is replaced: libgomp never sees it, children never warn again
+        if _choice.ignored is not None and env.get("RANK", "0") == "0":  # once per job, not once per rank
+            print(ignored_line(_choice), file=sys.stderr, flush=True)
         if _choice.torch_first and not _choice.threads_from_env:  # too late for the environment, not for the count
             import torch
 
             torch.set_num_threads(_choice.threads)
     return _choice
+
+
+def ignored_line(choice: Choice) -> str:
+    """The one warning for an OMP_NUM_THREADS that is no thread count."""
+    return (f"warning: OMP_NUM_THREADS={choice.ignored!r} in the environment is not a whole number of threads (at "
+            f"least 1); ignored: {choice.threads} threads, the cores this process may use (unset it or give e.g. "
+            f"OMP_NUM_THREADS={choice.threads})")
 
 
 def describe(choice: Choice | None = None) -> str:
@@ -218,7 +241,8 @@ def describe(choice: Choice | None = None) -> str:
     quota = "none" if choice.quota is None else f"{choice.quota:g} cores"
     why = ("OMP_NUM_THREADS from the environment" if choice.threads_from_env else
            f"affinity {choice.cpus} core{'s' if choice.cpus != 1 else ''}, cgroup quota {quota}"
-           + (f", {choice.local_ranks} local ranks" if choice.local_ranks > 1 else ""))
+           + (f", {choice.local_ranks} local ranks" if choice.local_ranks > 1 else "")
+           + (f"; OMP_NUM_THREADS {choice.ignored!r} ignored" if choice.ignored is not None else ""))
     policy = _policy_text(choice)
     if choice.torch_first and not choice.policy_from_env:
         policy = "OMP_WAIT_POLICY libgomp's default (torch was imported before runner)"

@@ -237,3 +237,24 @@ def test_run_logs_the_choice_once(tmp_path: Path):
     lines = [line for line in (tmp_path / "run" / "log.txt").read_text().splitlines() if "CPU threads:" in line]
     assert len(lines) == 1 and f"CPU threads: {_cores()} intra-op (affinity" in lines[0], lines
     assert "OMP_WAIT_POLICY PASSIVE (load average" in lines[0] or "OMP_WAIT_POLICY unset (load average" in lines[0]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "2.5"])
+def test_an_invalid_thread_count_in_the_environment_is_ignored_with_one_warning(value):
+    # libgomp printed its own complaint, and the start line still said "from the environment"
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env=_clean_env(OMP_NUM_THREADS=value, OMP_DISPLAY_ENV="FALSE"))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and "libgomp" not in out.stderr, out.stderr
+    assert lines[0] == (f"warning: OMP_NUM_THREADS={value!r} in the environment is not a whole number of threads "
+                        f"(at least 1); ignored: {_cores()} threads, the cores this process may use (unset it or "
+                        f"give e.g. OMP_NUM_THREADS={_cores()})")
+    assert report["torch"] == _cores() and report["env"]["OMP_NUM_THREADS"] == str(_cores())
+    assert "(affinity " in report["line"] and "OMP_NUM_THREADS" in report["env"][threads.MARKER]
+
+
+def test_a_list_of_thread_counts_is_libgomps_and_kept():
+    choice = threads.choose({"OMP_NUM_THREADS": "3,2"}, cpus=8, quota=None)
+    assert (choice.threads, choice.threads_from_env, choice.ignored) == (3, True, None)
