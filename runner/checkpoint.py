@@ -31,7 +31,8 @@ def ckpt_dir(output_dir: str | os.PathLike) -> Path:
 
 
 def atomic_save(obj: dict, path: str | os.PathLike, intact: str = "") -> None:
-    """torch.save through the one atomic writer (temporary file, fsync, rename; a full disk is one line)."""
+    """torch.save through the one atomic writer (temporary file, fsync, rename; a full disk is one line that ends
+    with `intact`, what the failed write left whole)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: torch.save(obj, f), intact)
@@ -66,8 +67,8 @@ def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep:
     d = ckpt_dir(output_dir)
     path = d / f"step_{step:08d}.pth"
     previous = step_files(d)
-    intact = (f"the previous checkpoint ({d / 'last.pth'}, step {previous[0][0]})" if previous
-              else "no earlier checkpoint exists; nothing was lost")
+    intact = (f"the previous checkpoint ({d / 'last.pth'}, step {previous[0][0]}) is intact" if previous
+              else "no earlier checkpoint exists in this folder (a rerun starts where this run started)")
     with held_sigint():
         atomic_save(state, path, intact)
         if not looks_whole(path):  # never let pruning leave a damaged file as the only checkpoint

@@ -38,8 +38,8 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
                  intact: str = "") -> None:
     """Replace `path` with `data` (or what the callable writes) so a reader sees the old file or the new one.
 
-    The temporary file is always removed; a full disk becomes a one-line UserError that says what is intact
-    (`intact`, by default the previous file at `path`).
+    The temporary file is always removed; a full disk becomes a one-line UserError that says what is left whole
+    (`intact`, a clause; by default "the previous <name> is intact").
     """
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
@@ -87,7 +87,7 @@ def _replace_via_temp(path: Path, make: Callable[[Path], None], intact: str = ""
         tmp.unlink(missing_ok=True)
         if full and not isinstance(e, (KeyboardInterrupt, _NoLink)):
             raise UserError(f"no space left on device while writing {path.name} in {path.parent}; "
-                            f"{intact or 'the previous ' + path.name} is intact: free some space and run the "
+                            f"{intact or f'the previous {path.name} is intact'}: free some space and run the "
                             "same command again") from None
         raise
     fsync_dir(path.parent)

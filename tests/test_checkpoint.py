@@ -141,3 +141,24 @@ def test_two_processes_save_and_restore_their_own_states(tmp_path):
     for res in ranks:
         assert res["again"] == res["first"]
     assert ranks[0]["first"] != ranks[1]["first"]  # rank 1 got its own generator back, not rank 0's
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and unshare to mount a small tmpfs")
+def test_full_disk_at_the_first_checkpoint_says_there_is_none_before(tmp_path):
+    # the first save of a run on a full disk said "no earlier checkpoint exists; nothing was lost is intact"
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    code = ("from runner import checkpoint; from runner.errors import UserError; import torch\n"
+            "try:\n"
+            "    state = {'model': {'w': torch.ones(2**20)}, 'step': 3}\n"  # 4 MB on a 1 MB disk
+            f"    checkpoint.save_checkpoint(state, '{disk}/run', 3, 3, False)\n"
+            "except UserError as e:\n"
+            "    print(e)\n")
+    script = (f"mount -t tmpfs -o size=1m tmpfs {disk} && cd {ROOT} && {sys.executable} -c \"{code}\"; "
+              f"ls -A {disk}/run/checkpoints")
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120, env=env())
+    line, *left = out.stdout.strip().splitlines()
+    assert line == (f"no space left on device while writing step_00000003.pth in {disk}/run/checkpoints; no earlier "
+                    "checkpoint exists in this folder (a rerun starts where this run started): free some space and "
+                    "run the same command again"), out.stdout + out.stderr
+    assert left == []  # no temporary file left behind

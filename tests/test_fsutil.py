@@ -31,7 +31,7 @@ def test_full_disk_is_one_line_naming_what_is_intact(tmp_path):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with pytest.raises(UserError) as e:
-        atomic_write(path, full, intact="the previous checkpoint (step 3)")
+        atomic_write(path, full, intact="the previous checkpoint (step 3) is intact")
     assert str(e.value).startswith(f"no space left on device while writing {path.name} in {tmp_path}; "
                                    "the previous checkpoint (step 3) is intact")
     assert list(tmp_path.iterdir()) == []
