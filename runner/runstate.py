@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -20,8 +21,11 @@ RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG = (
     "running", "done", "failed", "preempted", "nonfinite", "profiled", "interrupted", "hung")
 
 
-# run.json's "format": the marker that says a folder is a run of ours and may be written into
-RUN_FORMAT = "runner-run/1"
+# run.json's "format": the marker that says a folder is a run of ours and may be written into; a newer version
+# is refused (this code cannot know what that runner keeps in the folder)
+RUN_VERSION = 1
+RUN_FORMAT = f"runner-run/{RUN_VERSION}"
+_FORMAT_RE = re.compile(r"runner-run/([0-9]+)")
 # what an earlier version's run.json held (no "format" yet); still recognised as ours
 _LEGACY_RUN_KEYS = {"status", "pid", "host", "updated"}
 _STATUSES = {RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG}
@@ -88,12 +92,34 @@ def check_output_dir(cfg) -> None:
     except OSError as e:
         raise UserError(f"OUTPUT_DIR {out} cannot be read ({e.strerror}); choose another OUTPUT_DIR") from None
     refuse_if_locked(out)
+    _refuse_unreadable_marker(out)
     if entries and not is_our_run(out):
         shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
         raise UserError(f"OUTPUT_DIR {out} is not empty and holds no run of ours (found {shown}; no run.json "
                         "from this runner); nothing was written there: choose a new or empty folder")
     _refuse_mixing(cfg, out)
     _refuse_another_config(cfg, out)
+
+
+def _refuse_unreadable_marker(out: Path) -> None:
+    """A run.json that is damaged (not JSON) or made by a newer runner: refused in one line, nothing written."""
+    path = out / "run.json"
+    try:
+        raw = path.read_bytes()
+    except OSError:  # missing (or unreadable: is_our_run then finds no marker and says so)
+        return
+    try:
+        obj = json.loads(raw)
+    except ValueError as e:
+        what = "empty" if not raw.strip() else f"not JSON: {str(e).splitlines()[0]}"
+        fix = json.dumps({"format": RUN_FORMAT, "status": FAILED})
+        raise UserError(f"{path} is damaged ({what}); nothing was written there: if the folder holds a run of "
+                        f"this runner, replace run.json with {fix} to continue it, or choose another "
+                        "OUTPUT_DIR") from None
+    version = _FORMAT_RE.fullmatch(str(obj.get("format", ""))) if isinstance(obj, dict) else None
+    if version is not None and int(version.group(1)) > RUN_VERSION:
+        raise UserError(f"OUTPUT_DIR {out} was made by a newer runner (format {int(version.group(1))}; this one "
+                        f"reads up to {RUN_VERSION}): continue it with that runner, or choose another OUTPUT_DIR")
 
 
 def _refuse_another_config(cfg, out: Path) -> None:

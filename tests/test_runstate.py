@@ -186,3 +186,34 @@ def test_output_dir_that_cannot_be_made(tmp_path, where, fragment):
 def test_lone_tilde_says_what_yaml_made_of_it(tmp_path):
     r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", "~"])
     assert_user_error(r, "OUTPUT_DIR cannot be null", "lone ~ is YAML's null")
+
+
+@pytest.mark.parametrize("text, what", [
+    ('{"format": "runner-run/1", "status": "runn', "not JSON: Unterminated string"),  # truncated
+    ("", "empty"),
+    ("\x00\x00\x00\x00", "not JSON"),  # a block of zeros, as a crash of the file system can leave
+])
+def test_damaged_run_json_is_said_to_be_damaged(tmp_path, text, what):
+    # it was reported as a folder with "no run.json from this runner"
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text(text)
+    (out / "config.yaml").write_text("MODEL:\n  NAME: resnet10t\n")
+    before = snapshot(out)
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(out)], timeout=60)
+    line = assert_user_error(r, f"{out / 'run.json'} is damaged ({what}", "replace run.json with",
+                             '"format": "runner-run/1"', "or choose another OUTPUT_DIR")
+    assert "no run.json from this runner" not in line
+    assert snapshot(out) == before
+
+
+def test_run_of_a_newer_runner_is_refused(tmp_path):
+    # "runner-run/9" with the keys of every format was taken for ours (an old run.json), and written into
+    out = tmp_path / "run"
+    out.mkdir()
+    marker = {"format": "runner-run/9", "status": "preempted", "pid": 1, "host": "h", "updated": 0.0}
+    (out / "run.json").write_text(json.dumps(marker))
+    before = snapshot(out)
+    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(out)], timeout=60)
+    assert_user_error(r, f"OUTPUT_DIR {out} was made by a newer runner (format 9; this one reads up to 1)")
+    assert snapshot(out) == before
