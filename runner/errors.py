@@ -36,6 +36,13 @@ class Preempted(Exception):
     exit_code = EXIT_PREEMPTED
 
 
+class DataUnavailable(Exception):
+    """The data server kept failing (5xx, refused, reset, no answer) for DATA.RETRY_S: a fault of the cluster, not
+    of the config; the run stops as if preempted (exit 75) and the same command continues it."""
+
+    exit_code = EXIT_PREEMPTED
+
+
 class Hung(Exception):
     """Another rank stopped answering (frozen, or never started); exit code 76, one line."""
 
@@ -52,7 +59,8 @@ def one_line(message: str) -> str:
     if "Original Traceback" not in message:
         return message
     last = message.strip().splitlines()[-1]
-    for prefix in ("runner.errors.UserError: ", "UserError: "):
+    for prefix in ("runner.errors.UserError: ", "UserError: ", "runner.errors.DataUnavailable: ",
+                   "DataUnavailable: "):
         if last.startswith(prefix):
             return last[len(prefix):]
     return last
@@ -61,7 +69,7 @@ def one_line(message: str) -> str:
 def describe(error: BaseException) -> tuple[int, str]:
     """(exit code, one line) that `error` ends a process with: a user mistake's own line, else 'Type: message'."""
     text = one_line(str(error))
-    if isinstance(error, UserError):
+    if isinstance(error, (UserError, DataUnavailable)):
         return error.exit_code, text
     return getattr(error, "exit_code", 1), f"{type(error).__name__}: {text}"
 
@@ -73,7 +81,7 @@ def cli(main: Callable[..., int | None]) -> Callable[..., None]:
     def wrapper(*args, **kwargs) -> None:
         try:
             code = main(*args, **kwargs)
-        except (UserError, NonFiniteLoss, Preempted, Hung) as e:
+        except (UserError, NonFiniteLoss, Preempted, Hung, DataUnavailable) as e:
             if getattr(e, "relayed", False) and os.environ.get("RANK", "0") != "0":
                 _leave_the_line_to_rank_0(e.exit_code)
             text = one_line(str(e))

@@ -17,7 +17,7 @@ import sys
 import time
 
 from runner.config import config_command
-from runner.errors import UserError, cli
+from runner.errors import DataUnavailable, UserError, cli
 
 SPLITS = ("train", "val")  # as in runner.data.folder, which is imported only once the arguments are good
 
@@ -56,12 +56,12 @@ def read_split_shards(cfg, split: str, n_classes: int, counts: dict, bad: list, 
 
     from runner.data.folder import DECODE_ERRORS
     from runner.data.shards import read_index
-    from runner.data.shards.stream import IMAGE_EXTS, read_shard
+    from runner.data.shards.stream import IMAGE_EXTS, Patience, read_shard
 
     shards, n = read_index(cfg, split), 0
     for url, count in zip(shards.urls, shards.counts, strict=True):
         try:
-            for sample in read_shard(url, 0, count, cfg.DATA.SHARD_RETRIES):
+            for sample in read_shard(url, 0, count, Patience(cfg.DATA.SHARD_RETRIES, cfg.DATA.RETRY_S)):
                 n += 1
                 where = f"{url} {sample['__key__']}"
                 try:
@@ -75,7 +75,7 @@ def read_split_shards(cfg, split: str, n_classes: int, counts: dict, bad: list, 
                     Image.open(io.BytesIO(sample[ext] if ext else b"")).load()
                 except DECODE_ERRORS as e:
                     bad.append((where, f"{type(e).__name__}: {e}"))
-        except UserError as e:
+        except (UserError, DataUnavailable) as e:
             problems.append(str(e))
     return n
 

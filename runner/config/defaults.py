@@ -109,6 +109,10 @@ _C.DATA.SHARD_STREAMS = 8
 _C.DATA.SHARD_WINDOW = 1000
 # Tries to fetch a shard (or the index) before the run stops with one line naming it
 _C.DATA.SHARD_RETRIES = 3
+# Seconds a data server may keep failing with a fault that passes (HTTP 5xx, a refused or reset connection, a
+# read that gets no byte for min(this, 60) s) before the run saves at its last optimizer step and exits 75
+# (preempted: the same command continues it); retried with backoff meanwhile; 0 = stop at the first such fault
+_C.DATA.RETRY_S = 120.0
 
 # ---------------------------------------------------------------------------------------------------------
 # Augmentation (training only; passed to timm's transform factory)

@@ -74,7 +74,7 @@ RESUME_SAFE_KEYS = frozenset(
      "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
      "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "MODEL.COMPILE", "MODEL.COMPILE_MODE",
      "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR",  # ACCUM_STEPS: the global batch is checked at resume
-     "DATA.SHARD_URL", "DATA.SHARD_RETRIES"]  # where the same shards are read from, and how patiently
+     "DATA.SHARD_URL", "DATA.SHARD_RETRIES", "DATA.RETRY_S"]  # where the same shards are read from, and how patiently
     + [f"LOG.{k}" for k in _C.LOG] + [f"PROFILE.{k}" for k in _C.PROFILE]
 )
 
@@ -131,7 +131,7 @@ _RULES = {
     "DATA.PREFETCH_FACTOR": _GE1,
     "DATA.VAL_FRACTION": (lambda x: 0 < x < 1, "in (0, 1)"), "DATA.SYNTHETIC_SIZE": _GE1,
     "DATA.BAD_FILE_BUDGET": _PROB,
-    "DATA.SHARD_STREAMS": _GE1, "DATA.SHARD_WINDOW": _GE1, "DATA.SHARD_RETRIES": _GE1,
+    "DATA.SHARD_STREAMS": _GE1, "DATA.SHARD_WINDOW": _GE1, "DATA.SHARD_RETRIES": _GE1, "DATA.RETRY_S": _GE0,
     "AUG.HFLIP": _PROB, "AUG.COLOR_JITTER": _GE0, "AUG.REPROB": _PROB,
     "AUG.CROP_PCT": (lambda x: 0 < x <= 1, "in (0, 1]"), "AUG.MIXUP": _GE0, "AUG.CUTMIX": _GE0,
     "AUG.MIXUP_PROB": _PROB, "AUG.MIXUP_SWITCH_PROB": _PROB, "AUG.SHIFT": _GE0,

@@ -15,7 +15,7 @@ def build_shards(cfg: Any, dist: Any, eval_batch: int) -> tuple[Any, Any, list[s
     from runner.data.classes import check_classes
     from runner.data.folder import build_transform
     from runner.data.loaders import ToDevice, default_workers
-    from runner.data.shards.stream import Decoder, ShardLoader, TrainParts, ValParts
+    from runner.data.shards.stream import Decoder, Patience, ShardLoader, TrainParts, ValParts
 
     check_source(cfg, dist.world_size)
     names = read_classes(cfg)
@@ -26,8 +26,8 @@ def build_shards(cfg: Any, dist: Any, eval_batch: int) -> tuple[Any, Any, list[s
                 for training, split in ((True, train_split), (False, val_split))]
     train = TrainParts(train_split, decoders[0], dist, seed=cfg.SEED, batch_size=d.BATCH_SIZE,
                        accum=cfg.TRAIN.ACCUM_STEPS, streams=d.SHARD_STREAMS, window=d.SHARD_WINDOW,
-                       retries=d.SHARD_RETRIES)
-    val = ValParts(val_split, decoders[1], dist, eval_batch, d.SHARD_RETRIES)
+                       patience=Patience(d.SHARD_RETRIES, d.RETRY_S))
+    val = ValParts(val_split, decoders[1], dist, eval_batch, Patience(d.SHARD_RETRIES, d.RETRY_S))
     loaders = [ToDevice(ShardLoader(parts, workers, d.PREFETCH_FACTOR), dist.device, cfg.MODEL.CHANNELS_LAST)
                for parts in (train, val)]
     return loaders[0], loaders[1], names

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select as _select
+import signal
 import subprocess
 import tempfile
 import time
@@ -43,39 +46,102 @@ def is_remote(root: str) -> bool:
     return root.startswith(("http://", "https://"))
 
 
-def gopen_url(url: str):
-    """A binary stream of `url`: a local file through webdataset's gopen; http(s) (curl) and pipe: through its
-    Pipe, with the command's stderr kept for our one-line message instead of reaching the console."""
+class Fault(OSError):
+    """A failed read of a URL; `transient` when the server may come back (5xx, refused, reset, no answer)."""
+
+    def __init__(self, reason: str, transient: bool):
+        super().__init__(reason)
+        self.reason, self.transient = reason, transient
+
+
+# curl's exit codes of faults that pass: resolve, connect, HTTP/2 framing, partial body, timeout, TLS handshake,
+# empty reply, send/receive (reset), HTTP/2 stream
+CURL_TRANSIENT = {5, 6, 7, 16, 18, 28, 35, 52, 55, 56, 92}
+# words of other commands' (pipe:) errors that say the same, and the HTTP statuses that pass (408, 429, 5xx)
+TRANSIENT_WORDS = re.compile(r"connection refused|connection reset|timed out|temporarily unavailable|"
+                             r"service unavailable|broken pipe|\b(408|429|5\d\d)\b", re.IGNORECASE)
+STALL_S = 60.0  # a read that gets no byte for this long (or DATA.RETRY_S, if less) is a fault: the server hangs
+
+
+def classify(status: int, message: str) -> Fault:
+    """The fault of a command that exited `status` with `message` (its last stderr line)."""
+    curl = re.search(r"curl: \((\d+)\)", message)
+    code = int(curl.group(1)) if curl else None
+    if code == 22:  # curl -f: an HTTP error status; only 408, 429 and 5xx pass
+        transient = re.search(r"\b(408|429|5\d\d)\b", message) is not None
+    else:
+        transient = code in CURL_TRANSIENT or (code is None and TRANSIENT_WORDS.search(message) is not None)
+    return Fault(f"exit {status}" + (f": {message}" if message else ""), transient)
+
+
+class ShardPipe:
+    """A command's stdout as a binary stream (curl for http(s), or a pipe:COMMAND), owned until close().
+
+    Reads wait at most `stall_s` for a byte (a server that accepts and never answers is a transient Fault, not a
+    hang); the end of the output checks the command's exit status (Fault); close() kills the command if it still
+    runs and reaps it, so no reader outlives its stream and none is left a zombie.
+    """
+
+    def __init__(self, url: str, stall_s: float = STALL_S):
+        self.url, self.stall_s = url, stall_s
+        self.err = tempfile.TemporaryFile()  # the command's stderr, for the one-line message
+        if url.startswith("pipe:"):
+            args, shell = url[len("pipe:"):], True
+        else:  # webdataset's curl call, without its 30 retries of 2 s (read_shard retries instead)
+            args, shell = ["curl", "--connect-timeout", str(max(1, round(min(stall_s, 30)))), "-f", "-s", "-S",
+                           "-L", url], False
+        self.proc = subprocess.Popen(args, shell=shell, stdout=subprocess.PIPE, stderr=self.err, bufsize=0)
+        self.fd = self.proc.stdout.fileno()
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<{self.url}>"  # webdataset appends str(stream) to errors it passes on
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes (all with -1), b'' at the end; Fault when the command failed or the source stalls."""
+        if n < 0:
+            return b"".join(iter(lambda: self.read(1 << 20), b""))
+        ready, _, _ = _select.select([self.fd], [], [], self.stall_s)
+        if not ready:
+            raise Fault(f"no byte for {self.stall_s:g} s (the server accepted and does not answer)", True)
+        data = os.read(self.fd, n)
+        if not data:
+            fault = self.failure()
+            if fault is not None:
+                raise fault
+        return data
+
+    def failure(self) -> Fault | None:
+        """The command's fault once it has exited non-zero (141: SIGPIPE from our close), else None."""
+        try:
+            status = self.proc.wait(timeout=self.stall_s)
+        except subprocess.TimeoutExpired:
+            return Fault(f"the command did not exit {self.stall_s:g} s after its output ended", True)
+        if status in (0, 141, -signal.SIGPIPE):
+            return None
+        self.err.seek(0)
+        lines = self.err.read().decode(errors="replace").strip().splitlines()
+        return classify(status, lines[-1] if lines else "")
+
+    def close(self) -> None:
+        """Stop the command if it still runs and reap it (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.err.close()
+
+
+def gopen_url(url: str, stall_s: float = STALL_S):
+    """A binary stream of `url`: a local file through webdataset's gopen; http(s) and pipe: as a ShardPipe."""
     if not is_remote(url) and not url.startswith("pipe:"):
         from webdataset import gopen  # imports torch: only once a shard is opened
 
         return gopen(url, "rb")
-    from webdataset.gopen import Pipe
-
-    err = tempfile.TemporaryFile()
-    if url.startswith("pipe:"):
-        stream = Pipe(url[len("pipe:"):], mode="rb", shell=True, bufsize=8192, ignore_status=[141], stderr=err)
-    else:  # webdataset's curl call, without its 30 retries of 2 s (DATA.SHARD_RETRIES retries instead)
-        stream = Pipe(["curl", "--connect-timeout", "30", "-f", "-s", "-S", "-L", url], mode="rb", bufsize=8192,
-                      ignore_status=[141, 23], stderr=err)
-    stream.stderr_file = err
-    return stream
-
-
-def pipe_failure(stream) -> OSError | None:
-    """The failure of a pipe's command (exit status and its last stderr line), or None when it has not failed."""
-    err = getattr(stream, "stderr_file", None)
-    if err is None:
-        return None
-    try:
-        status = stream.proc.wait(timeout=2)  # its output ended or broke: it is exiting, unless it is healthy
-    except subprocess.TimeoutExpired:
-        return None
-    if status in stream.ignore_status:
-        return None
-    err.seek(0)
-    lines = err.read().decode(errors="replace").strip().splitlines()
-    return OSError(f"exit {status}" + (f": {lines[-1]}" if lines else ""))
+    return ShardPipe(url, stall_s)
 
 
 def fetch(url: str, retries: int = 3) -> bytes:
@@ -88,13 +154,11 @@ def fetch(url: str, retries: int = 3) -> bytes:
             if not is_remote(url) and not url.startswith("pipe:"):
                 with open(url, "rb") as f:  # a missing local file is not worth retrying
                     return f.read()
-            stream = gopen_url(url)
+            stream = ShardPipe(url, MAX_FETCH_S)
             try:
-                data = stream.read()
-                stream.close()  # a pipe (curl) reports its exit status here: a 404 is curl's exit 22
-            except OSError as e:
-                raise pipe_failure(stream) or e from None
-            return data
+                return stream.read()
+            finally:
+                stream.close()
         except FileNotFoundError as e:
             raise UserError(f"{url} does not exist ({e.strerror})") from None
         except (OSError, ValueError) as e:

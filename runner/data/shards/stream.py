@@ -14,6 +14,7 @@ import random
 import tarfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -23,10 +24,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from runner.data.folder import DECODE_ERRORS
 from runner.data.loaders import _seed_worker, epoch_seed, rank_sequence, train_batches
-from runner.data.shards.index import ShardSplit, gopen_url, pipe_failure
+from runner.data.shards.index import STALL_S, Fault, ShardPipe, ShardSplit, gopen_url
 from runner.data.shards.order import EpochPlan
 from runner.distributed import Dist
-from runner.errors import UserError
+from runner.errors import DataUnavailable, UserError
 
 log = logging.getLogger("runner")
 
@@ -45,49 +46,89 @@ def seed_sample(seed: int) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # Members of one shard
 # ---------------------------------------------------------------------------------------------------------
-def _members(url: str) -> Iterator[Sample]:
-    """The samples of one shard, in order, through webdataset's tar iteration and grouping by key."""
+def _members(url: str, stall_s: float) -> Iterator[Sample]:
+    """The samples of one shard, in order, through webdataset's tar iteration and grouping by key; the stream is
+    closed (its command reaped) when the shard ends, fails, or the caller closes this generator."""
     from webdataset.tariterators import group_by_keys, tar_file_iterator
 
-    stream = gopen_url(url)
-    finished = False
+    stream = gopen_url(url, stall_s)
     try:
         files = ({**f, "__url__": url} for f in tar_file_iterator(stream))
         yield from group_by_keys(files)
-        finished = True
-    except (tarfile.TarError, OSError) as e:  # a failed command (curl's 404, a pipe: exiting 1) is a fetch error
-        raise pipe_failure(stream) or e from None
+        failure = stream.failure() if isinstance(stream, ShardPipe) else None  # a tar can end before the bytes do
+        if failure is not None:
+            raise failure
     finally:
-        try:
-            stream.close()  # a pipe reports its exit status here
-        except Exception as e:  # stopping early kills a pipe's command (SIGPIPE): only a whole read has a verdict
-            if finished:
-                raise pipe_failure(stream) or e from None
+        stream.close()
 
 
-def read_shard(url: str, first: int, end: int, retries: int) -> Iterator[Sample]:
+class Patience:
+    """How long transient faults are retried (DATA.RETRY_S, with exponential backoff and jitter) and how many
+    tries other fetch failures get (DATA.SHARD_RETRIES)."""
+
+    BASE_S, MAX_S = 0.25, 15.0  # the first backoff and the longest
+
+    def __init__(self, retries: int, retry_s: float):
+        self.retries, self.retry_s = max(1, retries), retry_s
+
+    @property
+    def stall_s(self) -> float:
+        """A read that gets no byte for this long is a fault: the server hangs."""
+        return min(STALL_S, self.retry_s) if self.retry_s > 0 else STALL_S
+
+    def backoff(self, attempt: int, left: float) -> float:
+        """Seconds before try `attempt` + 1: doubling, full jitter (workers and ranks do not retry in step),
+        never past the time left."""
+        return min(left, random.SystemRandom().uniform(0.5, 1.0) * min(self.MAX_S, self.BASE_S * 2**attempt))
+
+
+def read_shard(url: str, first: int, end: int, patience: Patience) -> Iterator[Sample]:
     """Samples first..end-1 of the shard at `url`; a failed fetch is retried from the next sample not yet
-    yielded; UserError naming the shard when it keeps failing or is shorter than its index says."""
-    done, last = first, ""
-    for attempt in range(max(1, retries)):
-        if attempt:
-            time.sleep(0.2 * 2**attempt)
+    yielded. A transient fault lasting DATA.RETRY_S is DataUnavailable (exit 75); UserError naming the shard when
+    it is damaged, missing, keeps failing otherwise, or is shorter than its index says."""
+    done, tries, attempt, since = first, 0, 0, None
+    while True:
         try:
-            for i, sample in enumerate(_members(url)):
-                if i >= done:
+            with closing(_members(url, patience.stall_s)) as members:
+                for i, sample in enumerate(members):
+                    if i < done:
+                        continue
+                    done, since, attempt = i + 1, None, 0  # progress: a later fault starts a new outage
+                    if done >= end:
+                        members.close()  # the rest is another stream's: release the reader before waiting here
+                        yield sample
+                        return
                     yield sample
-                    done = i + 1
-                if done >= end:
-                    return
             raise UserError(f"shard {url} holds {done} samples, fewer than the {end} its index gives: truncated "
                             "or rewritten since the index was made (tools/make_shards.py writes both)")
         except tarfile.TarError as e:  # a damaged tar reads the same every time: no retry
             raise UserError(f"shard {url} is truncated or not a tar file ({e}) after sample {done}") from None
         except FileNotFoundError:
             raise UserError(f"shard {url} does not exist") from None
+        except Fault as e:
+            if not e.transient:
+                tries += 1
+                if tries >= patience.retries:
+                    raise UserError(f"shard {url} cannot be read after {tries} tries ({e.reason})") from None
+                time.sleep(0.2 * 2**tries)
+                continue
+            since = time.monotonic() if since is None else since
+            left = since + patience.retry_s - time.monotonic()
+            if left <= 0:
+                raise DataUnavailable(
+                    f"shard {url} is unavailable: {e.reason}, for {time.monotonic() - since:.0f} s "
+                    f"(DATA.RETRY_S {patience.retry_s:g}); stopped as preempted: rerun the same command to continue "
+                    "once the data server is back") from None
+            if attempt == 0:
+                log.warning("shard %s: %s; retrying for up to DATA.RETRY_S %g s", url, e.reason, patience.retry_s)
+            time.sleep(patience.backoff(attempt, left))
+            attempt += 1
         except (OSError, ValueError, EOFError) as e:
-            last = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    raise UserError(f"shard {url} cannot be read after {max(1, retries)} tries ({last})")
+            tries += 1
+            if tries >= patience.retries:
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                raise UserError(f"shard {url} cannot be read after {tries} tries ({reason})") from None
+            time.sleep(0.2 * 2**tries)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -146,8 +187,8 @@ class Decoder:
 class StreamReader:
     """One stream of an epoch, read forward block by block; blocks below the current step are dropped."""
 
-    def __init__(self, plan: EpochPlan, k: int, shards: ShardSplit, retries: int):
-        self.plan, self.k, self.shards, self.retries = plan, k, shards, retries
+    def __init__(self, plan: EpochPlan, k: int, shards: ShardSplit, patience: Patience):
+        self.plan, self.k, self.shards, self.patience = plan, k, shards, patience
         self.blocks: dict[int, tuple[list[Sample], list[int]]] = {}
         self.source: Iterator[Sample] | None = None
         self.next_block = -1
@@ -157,12 +198,13 @@ class StreamReader:
         start, _ = self.plan.block_range(self.k, b)
         stop = (self.k + 1) * self.plan.stream_len
         for shard, first, end in self.plan.pieces(start, stop):
-            yield from read_shard(self.shards.urls[shard], first, end, self.retries)
+            yield from read_shard(self.shards.urls[shard], first, end, self.patience)
 
     def block(self, b: int) -> tuple[list[Sample], list[int]]:
         """Block b's samples (in stored order) and its shuffle."""
         if b not in self.blocks:
             if self.source is None or b != self.next_block:
+                self.close()
                 self.source = self._read_from(b)
             start, stop = self.plan.block_range(self.k, b)
             samples = [next(self.source) for _ in range(stop - start)]
@@ -170,10 +212,22 @@ class StreamReader:
             self.next_block = b + 1
         return self.blocks[b]
 
+    def close(self) -> None:
+        """Close the shard being read (its reader process ends now, not when the garbage collector gets to it)."""
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+
     def drop_below(self, b: int) -> None:
         """Forget blocks before b: no later position needs them."""
         for old in [x for x in self.blocks if x < b]:
             del self.blocks[old]
+
+
+def _close(readers: dict[int, StreamReader]) -> None:
+    """Close every stream's reader."""
+    for r in readers.values():
+        r.close()
 
 
 def _keep(part: Any) -> Any:
@@ -185,9 +239,9 @@ class TrainParts(IterableDataset):
     """Each worker's part of every micro-batch of this rank, from the position set by set_epoch."""
 
     def __init__(self, shards: ShardSplit, decoder: Decoder, dist: Dist, *, seed: int, batch_size: int,
-                 accum: int, streams: int, window: int, retries: int):
+                 accum: int, streams: int, window: int, patience: Patience):
         self.shards, self.decoder, self.dist, self.seed = shards, decoder, dist, seed
-        self.batch_size, self.accum, self.retries = batch_size, accum, retries
+        self.batch_size, self.accum, self.patience = batch_size, accum, patience
         self.streams, self.window = streams, window
         self.epoch, self.start = 0, 0
 
@@ -205,23 +259,28 @@ class TrainParts(IterableDataset):
         world = self.dist.world_size
         step_span = self.batch_size * world * self.accum
         readers: dict[int, StreamReader] = {}
-        for m in range(self.start, self.num_batches()):
-            pos = positions[m * self.batch_size:(m + 1) * self.batch_size]
-            mine = ((pos % self.streams) // world) % nw == w
-            floor = (m // self.accum) * step_span // self.streams // self.window  # first block of this step
-            for r in readers.values():
-                r.drop_below(floor)
-            places = mine.nonzero().flatten()
-            items = [self._sample(readers, plan, int(p)) for p in pos[places].tolist()]
-            images = torch.stack([x for x, _ in items]) if items else None
-            yield places, images, torch.tensor([y for _, y in items], dtype=torch.int64)
+        try:
+            for m in range(self.start, self.num_batches()):
+                pos = positions[m * self.batch_size:(m + 1) * self.batch_size]
+                mine = ((pos % self.streams) // world) % nw == w
+                floor = (m // self.accum) * step_span // self.streams // self.window  # first block of this step
+                for r in readers.values():
+                    r.drop_below(floor)
+                places = mine.nonzero().flatten()
+                items = [self._sample(readers, plan, int(p)) for p in pos[places].tolist()]
+                images = torch.stack([x for x, _ in items]) if items else None
+                if m == self.num_batches() - 1:  # the consumer stops at the last part without asking for more
+                    _close(readers)
+                yield places, images, torch.tensor([y for _, y in items], dtype=torch.int64)
+        finally:  # an early stop (generator close), an error, or a worker's exit
+            _close(readers)
 
     def _sample(self, readers: dict[int, StreamReader], plan: EpochPlan, p: int) -> tuple[torch.Tensor, int]:
         """Global position p decoded and transformed, its random transforms seeded by (SEED, epoch, p); a bad
         image gives the block's next one (deterministic)."""
         k, b, o = plan.where(p)
         if k not in readers:
-            readers[k] = StreamReader(plan, k, self.shards, self.retries)
+            readers[k] = StreamReader(plan, k, self.shards, self.patience)
         samples, order = readers[k].block(b)
         for step in range(len(order)):
             sample = samples[order[(o + step) % len(order)]]
@@ -238,8 +297,9 @@ class TrainParts(IterableDataset):
 class ValParts(IterableDataset):
     """Batches of this rank's val shards (shards r, r + world, ...), each worker reading its own of them."""
 
-    def __init__(self, shards: ShardSplit, decoder: Decoder, dist: Dist, batch_size: int, retries: int):
-        self.shards, self.decoder, self.dist, self.batch_size, self.retries = shards, decoder, dist, batch_size, retries
+    def __init__(self, shards: ShardSplit, decoder: Decoder, dist: Dist, batch_size: int, patience: Patience):
+        self.shards, self.decoder, self.dist, self.batch_size = shards, decoder, dist, batch_size
+        self.patience = patience
 
     def mine(self, w: int, nw: int) -> list[int]:
         """The shards worker w of nw reads on this rank."""
@@ -251,7 +311,7 @@ class ValParts(IterableDataset):
         w, nw = (info.id, info.num_workers) if info else (0, 1)
         images, targets = [], []
         for s in self.mine(w, nw):
-            for sample in read_shard(self.shards.urls[s], 0, self.shards.counts[s], self.retries):
+            for sample in read_shard(self.shards.urls[s], 0, self.shards.counts[s], self.patience):
                 image = self.decoder.image(sample)
                 if image is None:
                     continue
@@ -290,15 +350,25 @@ class ShardLoader:
         return DataLoader(self.parts, batch_size=None, collate_fn=_keep, num_workers=self.workers,
                           worker_init_fn=_seed_worker, prefetch_factor=self.prefetch if self.workers else None)
 
+    def _parts(self) -> Iterator:
+        """The parts: the dataset's own generator without workers (closable), else a DataLoader's iterator."""
+        return iter(self.parts) if self.workers == 0 else iter(self._loader())
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Training: one part per worker joined into each micro-batch; evaluation: the workers' batches."""
-        if isinstance(self.parts, ValParts):
-            yield from self._loader()
-            return
-        parts = iter(self._loader())
-        for _ in range(self.parts.start, self.parts.num_batches()):
-            got = [next(parts) for _ in range(max(1, self.workers))]
-            places = torch.cat([p for p, _, _ in got])
-            order = places.argsort()
-            images = torch.cat([x for _, x, _ in got if x is not None])[order]
-            yield images, torch.cat([y for _, _, y in got])[order]
+        """Training: one part per worker joined into each micro-batch; evaluation: the workers' batches. Stopped
+        early, the readers are closed and the workers shut down at once (not by the garbage collector)."""
+        parts = self._parts()
+        try:
+            if isinstance(self.parts, ValParts):
+                yield from parts
+                return
+            for _ in range(self.parts.start, self.parts.num_batches()):
+                got = [next(parts) for _ in range(max(1, self.workers))]
+                places = torch.cat([p for p, _, _ in got])
+                order = places.argsort()
+                images = torch.cat([x for _, x, _ in got if x is not None])[order]
+                yield images, torch.cat([y for _, _, y in got])[order]
+        finally:
+            stop = getattr(parts, "close", None) or getattr(parts, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
