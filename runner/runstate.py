@@ -125,14 +125,22 @@ def _refuse_unreadable_marker(out: Path) -> None:
 def _refuse_another_config(cfg, out: Path) -> None:
     """A run-changing config on a folder whose run has no checkpoint yet (killed or failed early) but had another.
 
-    With a checkpoint, claiming the folder compares the checkpoint's own config (and names the file).
+    With a checkpoint, claiming the folder compares the checkpoint's own config (and names the file). Without
+    config.yaml (killed between the claim and writing it) the claim's run.json holds the config; a set-up that
+    failed rewrote run.json without it, so a corrected config may take the folder on.
     """
     stored, ckpts = out / "config.yaml", out / "checkpoints"
     if ckpts.is_dir() and any(p.suffix == ".pth" for p in ckpts.iterdir()):
         return
-    if stored.is_file() and is_our_run(out):
-        state = "finished" if (out / "results.json").exists() else "unfinished"
+    if not is_our_run(out):
+        return
+    state = "finished" if (out / "results.json").exists() else "unfinished"
+    if stored.is_file():
         refuse_changed(cfg, stored.read_text(), f"of the {state} run in {out}")
+        return
+    claimed = (read_json(out / "run.json") or {}).get("config")
+    if isinstance(claimed, str):
+        refuse_changed(cfg, claimed, f"that claimed {out} (its run.json; the run stopped before config.yaml)")
 
 
 def _refuse_unmakeable(out: Path) -> None:

@@ -7,12 +7,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.utils import ROOT, TINY, assert_user_error, run_tool, torchrun
+from tests.utils import ROOT, TINY, assert_user_error, env, run_tool, torchrun
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 TRAIN = str(ROOT / "tools" / "train.py")
@@ -217,3 +219,31 @@ def test_run_of_a_newer_runner_is_refused(tmp_path):
     r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(out)], timeout=60)
     assert_user_error(r, f"OUTPUT_DIR {out} was made by a newer runner (format 9; this one reads up to 1)")
     assert snapshot(out) == before
+
+
+def killed_after_the_claim(out: Path, args: list[str]) -> None:
+    """Start a run and SIGKILL it as soon as its run.json appears: the state a kill between the claim and
+    config.yaml leaves (the set-up after the claim takes seconds, the wait a few milliseconds)."""
+    proc = subprocess.Popen([sys.executable, TRAIN, "--cfg", DIGITS, *args, "OUTPUT_DIR", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=env())
+    deadline = time.monotonic() + 60
+    while not (out / "run.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.kill()
+    proc.wait()
+    assert (out / "run.json").exists() and not (out / "config.yaml").exists(), sorted(os.listdir(out))
+
+
+@pytest.mark.slow
+def test_a_run_killed_right_after_its_claim_keeps_its_config(tmp_path):
+    # killed after run.json appeared but before config.yaml: another config could then take the folder on
+    out = tmp_path / "run"
+    run = [*TINY, "TRAIN.MAX_STEPS", "2"]
+    killed_after_the_claim(out, run)
+    before = snapshot(out)
+    r = run_tool("train.py", ["--cfg", DIGITS, *run, "TRAIN.LR", "0.01", "OUTPUT_DIR", str(out)], timeout=120)
+    assert_user_error(r, "differs from the one", "TRAIN.LR: 0.05 -> 0.01", "use another OUTPUT_DIR")
+    assert snapshot(out) == before
+    r = run_tool("train.py", ["--cfg", DIGITS, *run, "OUTPUT_DIR", str(out)], timeout=120)  # the same: it goes on
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "results.json").read_text())["step"] == 2

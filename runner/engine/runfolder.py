@@ -44,7 +44,7 @@ def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus)
                 found = find_checkpoint(cfg, dist.world_size)  # a run-changing config is refused before any write
                 attempt = "" if found is not None else _earlier_attempt(Path(cfg.OUTPUT_DIR))
                 remove_stale_temps(Path(cfg.OUTPUT_DIR))
-                runstate.write_status(cfg.OUTPUT_DIR, runstate.RUNNING)
+                claim_with_config(cfg)
                 status.claimed = True
             verdict = ("go", None) if done is None else ("done", done)
         except UserError as e:
@@ -60,6 +60,17 @@ def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus)
     if kind == "failed":
         raise RuntimeError(f"rank 0 could not take OUTPUT_DIR {cfg.OUTPUT_DIR}: {payload}")
     return payload, found, attempt
+
+
+def claim_with_config(cfg) -> None:
+    """Mark OUTPUT_DIR as this run's with its config in the same atomic write of run.json.
+
+    config.yaml comes seconds later (after the resume checks): a run killed in between must still bind the
+    folder to its config, so another config is refused as it would be once config.yaml exists.
+    """
+    from runner.config import dump_config
+
+    runstate.write_status(cfg.OUTPUT_DIR, runstate.RUNNING, config=dump_config(cfg))
 
 
 def _earlier_attempt(out: Path) -> str:
