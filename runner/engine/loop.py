@@ -51,6 +51,11 @@ class Trainer:
         return self.step >= self.total_steps
 
     @property
+    def in_epoch(self) -> bool:
+        """True while an epoch's training batches are being read (not in its end's evaluation and checkpoint)."""
+        return self._batches is not None
+
+    @property
     def end_of_epoch(self) -> bool:
         """True when the latest step was the epoch's last."""
         return self.batch_in_epoch >= self.batches_per_epoch

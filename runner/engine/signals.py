@@ -13,7 +13,7 @@ import torch
 
 from runner import distributed, runstate
 from runner.engine.hooks import Checkpointer, Hook, Profiler, StopRun
-from runner.errors import Preempted, UserError
+from runner.errors import DataUnavailable, Preempted, UserError
 
 log = logging.getLogger("runner")
 
@@ -109,6 +109,17 @@ class Preemption(Hook):
             distributed.barrier()
             why = f"{self.flag.reason}: stopped" if self.flag.reason else "preempted"
             raise Preempted(f"{why} after epoch {trainer.epoch}: checkpoint saved; rerun the same command")
+
+    def on_exception(self, trainer, error: BaseException) -> None:
+        """The data server stayed down while a training batch was read (DataUnavailable): in a single process,
+        save at the last optimizer step, so that the rerun continues from there. Under torchrun the other ranks
+        wait in a collective, so nothing can be saved: the job ends 75 and resumes from the last checkpoint."""
+        if not isinstance(error, DataUnavailable) or self.checkpointer.dist.distributed or not trainer.in_epoch:
+            return
+        accum = trainer.stepper.accum
+        trainer.batch_in_epoch -= trainer.batch_in_epoch % accum  # the micro-batches of an unfinished step again
+        self.checkpointer.save(trainer)
+        log.warning("data unavailable: saved at step %d in %s", trainer.step, self.checkpointer.out / "checkpoints")
 
     def close(self, trainer) -> None:
         """Finish the pending reduce and hand the signals back (or ignore them, when stopping on one)."""

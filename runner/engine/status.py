@@ -12,7 +12,7 @@ from runner import runstate
 from runner.distributed import Dist
 from runner.engine.evaluation import NO_BEST, Evaluator
 from runner.engine.hooks import Hook, MetricLogger, StopRun
-from runner.errors import NonFiniteLoss, Preempted, UserError, one_line
+from runner.errors import DataUnavailable, NonFiniteLoss, Preempted, UserError, one_line
 from runner.sinks import log_to_file
 
 log = logging.getLogger("runner")
@@ -63,6 +63,11 @@ class RunStatus(Hook):
             self.write(runstate.NONFINITE, step)
         elif isinstance(error, Preempted):
             self.write(runstate.PREEMPTED, step)
+        elif isinstance(error, DataUnavailable):  # a cluster fault: rerun like a preemption, the reason kept
+            text = one_line(str(error))
+            self.write(runstate.PREEMPTED, step, error=text[:500], **({"rank": self.dist.rank}
+                                                                       if self.dist.distributed else {}))
+            log_to_file(f"stopped at step {step}: {text}")
         elif isinstance(error, KeyboardInterrupt):
             self.write(runstate.INTERRUPTED, step)
             log.warning("stopped at once after step %d; rerun the same command to continue from the last "

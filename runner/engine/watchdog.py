@@ -25,7 +25,7 @@ from pathlib import Path
 from runner import distributed, runstate
 from runner.distributed import Dist
 from runner.engine.hooks import Hook
-from runner.errors import EXIT_HUNG, EXIT_USER, Hung, Preempted, UserError, describe
+from runner.errors import EXIT_HUNG, EXIT_PREEMPTED, EXIT_USER, Hung, Preempted, UserError, describe
 from runner.sinks import log_to_file
 
 log = logging.getLogger("runner")
@@ -148,7 +148,7 @@ def relay_failure(error: BaseException) -> None:
             # rank 0 exits once it has reported this line, and torchrun then SIGTERMs this rank: it exits with
             # its own code anyway, so the signal may not cut it short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            trace = "" if code == EXIT_USER else "".join(traceback.format_exception(error))
+            trace = "" if code in (EXIT_USER, EXIT_PREEMPTED) else "".join(traceback.format_exception(error))
             board.post_failure(code, line, trace)
             if board.await_verdict(VERDICT_WAIT, 0.1, -1) is not None:
                 error.relayed = True  # rank 0 reports the job's failure: this rank prints nothing more
@@ -297,8 +297,9 @@ class Watchdog(Hook):
         rank, code, line = errors[0]
         text = f"rank {rank}: {line}"
         self.board.post_verdict(code, text)
-        if self.status is not None:
-            self.status.write(runstate.FAILED, self.step, error=text[:500], rank=rank)
+        if self.status is not None:  # 75: a rank's data server stayed down; the job reruns like a preempted one
+            status = runstate.PREEMPTED if code == EXIT_PREEMPTED else runstate.FAILED
+            self.status.write(status, self.step, error=text[:500], rank=rank)
         trace = self.board.trace(rank)
         trace = f"\nrank {rank}'s traceback:\n{trace.rstrip()}" if trace else ""
         log_to_file(f"error at step {self.step}: {text}{trace}")
