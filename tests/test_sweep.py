@@ -142,3 +142,19 @@ def test_every_point_has_the_same_hparams_columns(swept) -> None:
     # the sweep's keys (TINY's, without the logging ones) and nothing the config file alone sets
     assert columns[POINTS[0]] == sorted(["TRAIN.LR", "MODEL.NAME", "TRAIN.EPOCHS", "TRAIN.MAX_STEPS",
                                          "DATA.IMG_SIZE", "DATA.BATCH_SIZE", "DATA.VAL_FRACTION"])
+
+
+def test_a_stopped_point_is_reported_as_stopped_not_failed(tmp_path: Path) -> None:
+    # a point that saved and exited 75 (TRAIN.TIME_LIMIT here; SIGTERM, a preemption alike) was listed as
+    # "failed with exit code 75" and "1 point(s) failed"
+    root, name = tmp_path / "sweep", "lr0.1_test_resnet"
+    out = sweep("lr_x_model.sh", root, "TRAIN.TIME_LIMIT", "1", LRS="0.1", MODELS="test_resnet")
+    assert out.returncode == 75, out.stdout + out.stderr
+    assert "failed" not in out.stdout + out.stderr
+    assert (f"sweep: {name} stopped with exit code 75 (its state is saved; re-run the same command to "
+            "continue it)") in out.stderr
+    assert ("sweep: 1 point(s) stopped before their end, state saved (re-run the same command to continue):\n"
+            f"  {name}\n") in out.stderr
+    out = sweep("lr_x_model.sh", root, LRS="0.1", MODELS="test_resnet")  # TRAIN.TIME_LIMIT is resume-safe
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "resumed from" in out.stdout and f"sweep: {name} finished" in out.stdout

@@ -89,7 +89,7 @@ sweep_init() {  # NAME SLOTS: sets ROOT (SWEEP_ROOT or output/sweeps/NAME) and t
   command -v "$PY" >/dev/null || sweep_fail "PYTHON=$PY is not a program found on PATH; give the interpreter"
   [[ -f $CFG ]] || sweep_fail "CFG=$CFG is not a file; give a config file, e.g. CFG=configs/digits/test_resnet.yaml"
   mkdir -p -- "$ROOT" 2>/dev/null || sweep_fail "SWEEP_ROOT=$ROOT cannot be made a folder; give a folder path"
-  SLOT=0 STOP=0 SKIPPED=0 SLOT_PID=() FAILED=()
+  SLOT=0 STOP=0 SKIPPED=0 SLOT_PID=() FAILED=() STOPPED=()
   declare -gA NAME_OF=()
   trap sweep_stop INT TERM
   echo "sweep: $ROOT, $NSLOTS point(s) at a time"
@@ -115,7 +115,7 @@ busy() {  # true while some slot runs a point
   return 1
 }
 
-reap_one() {  # wait for one running point to end; record it when it failed
+reap_one() {  # wait for one running point to end; record it when it failed or stopped
   local pid rc=0 s name running=()
   for pid in "${SLOT_PID[@]}"; do [[ -z $pid ]] || running+=("$pid"); done
   ((${#running[@]})) || return 0
@@ -125,6 +125,9 @@ reap_one() {  # wait for one running point to end; record it when it failed
   name=${NAME_OF[$pid]}
   if ((rc == 0)); then
     echo "sweep: $name finished"
+  elif ((rc == 75)); then  # saved and stopped (SIGTERM/USR1, TRAIN.TIME_LIMIT): not a failure, a re-run continues it
+    STOPPED+=("$name")
+    echo "sweep: $name stopped with exit code 75 (its state is saved; re-run the same command to continue it)" >&2
   else
     FAILED+=("$name (exit code $rc)")
     echo "sweep: $name failed with exit code $rc" >&2
@@ -154,7 +157,7 @@ slot_run() {  # NAME CMD...: run CMD in the background in slot SLOT (nothing onc
   NAME_OF[$!]=$name
 }
 
-sweep_end() {  # wait for the running points, print the summary, exit non-zero when points failed
+sweep_end() {  # wait for the running points, print the summary; exit 1 when points failed, 75 when some stopped
   while busy; do reap_one; done
   "$PY" "$REPO/tools/summarize.py" "$ROOT" || true
   if ((SKIPPED)); then
@@ -165,11 +168,17 @@ sweep_end() {  # wait for the running points, print the summary, exit non-zero w
     echo "sweep: stopped; re-run the same command to continue" >&2
     exit 75
   fi
+  if ((${#STOPPED[@]})); then
+    echo "sweep: ${#STOPPED[@]} point(s) stopped before their end, state saved (re-run the same command to" \
+      "continue):" >&2
+    printf '  %s\n' "${STOPPED[@]}" >&2
+  fi
   if ((${#FAILED[@]})); then
     echo "sweep: ${#FAILED[@]} point(s) failed (see their log.txt; re-running retries them):" >&2
     printf '  %s\n' "${FAILED[@]}" >&2
     exit 1
   fi
+  ((${#STOPPED[@]} == 0)) || exit 75
 }
 
 gpu_list() {  # set GPUS to the device ids: CUDA_VISIBLE_DEVICES, else nvidia-smi; NUM_GPUS caps (or sets) the count
