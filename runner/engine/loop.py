@@ -81,9 +81,19 @@ class Trainer:
                 return {"status": e.status, "step": self.step}
             raise
         finally:
+            self._stop_loader()
             for hook in reversed(self.hooks):
                 hook.close(self)
         return self.results
+
+    def _stop_loader(self) -> None:
+        """Stop the epoch's batches now: its readers and worker processes end here, not when the garbage collector
+        gets to them (an exception keeps the loop alive to the process's exit, and workers that ignore SIGTERM
+        would then block that exit)."""
+        batches, self._batches = self._batches, None
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
     def run_until(self, last_step: int) -> None:
         """Optimizer steps up to `last_step`, epoch after epoch; the epoch in progress stays open for more."""
