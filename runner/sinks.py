@@ -36,6 +36,12 @@ class _Early(logging.Handler):
 
 
 _EARLY = _Early()
+_SETUP: tuple[str | None, int] | None = None  # setup_logging's latest arguments: a spawned worker repeats them
+
+
+def logging_setup() -> tuple[str | None, int] | None:
+    """(output_dir, rank) of this process's latest setup_logging, for a worker process to set up the same way."""
+    return _SETUP
 
 
 def setup_logging(output_dir: str | None, rank: int) -> None:
@@ -44,6 +50,8 @@ def setup_logging(output_dir: str | None, rank: int) -> None:
     Python warnings (torch's, timm's) go the same way, so they reach log.txt too. Called once without a folder
     (the console only, until the folder is known to be ours), then with it.
     """
+    global _SETUP
+    _SETUP = (output_dir, rank)
     log.handlers.clear()
     log.propagate = False
     log.setLevel(logging.INFO)

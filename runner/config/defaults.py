@@ -70,6 +70,10 @@ _C.DATA.BATCH_SIZE = 64
 _C.DATA.EVAL_BATCH_SIZE = 0
 # DataLoader worker processes per rank, at most 256; -1 = auto (from the CPU count)
 _C.DATA.NUM_WORKERS = -1
+# How DataLoader workers start: forkserver (from a clean helper process started once, so no worker inherits a
+# lock that one of the run's threads held at the fork: gloo, the watchdog, TensorBoard), fork (fastest start,
+# shares the parent's memory; can deadlock at the fork) or spawn (a fresh interpreter per worker, slowest)
+_C.DATA.WORKER_START = "forkserver"
 # Pin host memory for faster host-to-device copies
 _C.DATA.PIN_MEMORY = True
 # Batches each worker loads ahead

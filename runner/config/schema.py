@@ -71,7 +71,7 @@ def inline_yaml(value: Any) -> str:
 # Keys that only extend or observe a run: changing them keeps the output folder and allows resuming
 RESUME_SAFE_KEYS = frozenset(
     ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "TRAIN.EXTEND", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
-     "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
+     "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.WORKER_START", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
      "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "MODEL.COMPILE", "MODEL.COMPILE_MODE",
      "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR",  # ACCUM_STEPS: the global batch is checked at resume
      "DATA.SHARD_URL", "DATA.SHARD_RETRIES", "DATA.RETRY_S"]  # where the same shards are read from, and how patiently
@@ -97,6 +97,7 @@ ENUMS = {
     "DEVICE": ("auto", "cpu", "cuda"),
     "MODEL.COMPILE_MODE": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "DATA.NAME": ("digits", "folder", "synthetic", "shards"),
+    "DATA.WORKER_START": ("forkserver", "fork", "spawn"),
     "AUG.REMODE": ("const", "rand", "pixel"),
     "AUG.INTERPOLATION": ("bilinear", "bicubic", "nearest", "random"),
     "TRAIN.SCHEDULER": ("cosine", "step", "none"),

@@ -9,10 +9,14 @@ number of processes continues at the exact next sample. Evaluation shards every 
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import multiprocessing
 import os
 import random
 import signal
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
@@ -225,7 +229,7 @@ class ToDevice:
 
     def __iter__(self) -> Iterator[Batch]:
         """The inner batches, copied to the device in memory_format."""
-        for x, y in self.loader:
+        for x, y in iter_workers(self.loader):
             x = x.to(self.device, non_blocking=True).contiguous(memory_format=self.memory_format)
             yield x, y.to(self.device, non_blocking=True)
 
@@ -236,27 +240,109 @@ def _cpu_share() -> tuple[int, int]:
     return share, (max(1, min(8, share - 1)) if share > 1 else 0)
 
 
+def worker_cap(share: int) -> int:
+    """The most workers a rank starts: beyond 4 per CPU (at least 8) they only add processes and memory."""
+    return max(8, 4 * share)
+
+
 def default_workers(cfg: Any, dist: Dist) -> int:
-    """DATA.NUM_WORKERS, or when -1: the CPUs this process may use, shared among local ranks."""
-    return cfg.DATA.NUM_WORKERS if cfg.DATA.NUM_WORKERS >= 0 else _cpu_share()[1]
+    """DATA.NUM_WORKERS (at most worker_cap of this rank's CPUs), or when -1: the CPUs this process may use,
+    shared among local ranks."""
+    share, auto = _cpu_share()
+    return min(cfg.DATA.NUM_WORKERS, worker_cap(share)) if cfg.DATA.NUM_WORKERS >= 0 else auto
 
 
 def warn_many_workers(cfg: Any) -> None:
     """One warning when DATA.NUM_WORKERS exceeds the CPUs this rank has (each worker is a process)."""
     share, auto = _cpu_share()
-    if cfg.DATA.NUM_WORKERS > share:
+    n, cap = cfg.DATA.NUM_WORKERS, worker_cap(share)
+    if n > cap:  # a thousand workers take minutes to start and can run the machine out of memory
+        log.warning("DATA.NUM_WORKERS %d is far more than the %d CPU%s this process has: starting %d (4 per CPU, "
+                    "at least 8); the default (-1) would take %d", n, share, "s" if share != 1 else "", cap, auto)
+    elif n > share:
         log.warning("DATA.NUM_WORKERS %d is more than the %d CPU%s this process has: each worker is a process "
                     "per rank, so they compete for the same cores; the default (-1) would take %d",
-                    cfg.DATA.NUM_WORKERS, share, "s" if share != 1 else "", auto)
+                    n, share, "s" if share != 1 else "", auto)
 
 
-def _seed_worker(worker_id: int) -> None:
-    """Seed numpy and random in each worker from torch's per-worker seed; leave Ctrl-C to the main process."""
-    # a terminal's Ctrl-C reaches the workers too: they must live on while the main process saves and exits
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+# The signals by which a run is asked to save and stop (runner.engine.signals): the main process answers them.
+# SLURM, Kubernetes, systemd and `timeout` send them to every process of the job, workers included: a worker
+# that died of one would fail the main process in the middle of its save.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def _seed_worker(worker_id: int, logs: tuple[str | None, int] | None = None) -> None:
+    """In each worker: leave the stop signals to the main process, log as it does (`logs`: its setup_logging
+    arguments; a worker that was not forked from it starts without handlers), then seed numpy and random from
+    torch's per-worker seed."""
+    quiet = [sig for sig in STOP_SIGNALS if sig != signal.SIGTERM]
+    for sig in quiet:
+        signal.signal(sig, signal.SIG_IGN)  # also drops one that came while blocked (see iter_workers)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # every thread of the worker inherits it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, quiet)
+    owner = multiprocessing.parent_process()
+    threading.Thread(target=_obey_owner_sigterm, args=(owner.pid if owner else os.getppid(),),
+                     name="runner-worker-sigterm", daemon=True).start()
+    _die_with_parent()
+    if logs is not None:
+        from runner.sinks import setup_logging
+
+        setup_logging(*logs)
     s = torch.initial_seed() % 2**32
     np.random.seed(s)
     random.seed(s)
+
+
+def _obey_owner_sigterm(owner: int) -> None:
+    """A worker's SIGTERM: the main process ending it (DataLoader's shutdown, multiprocessing's exit) ends it at
+    once; one sent to the whole job is the main process's to answer, and the worker serves it meanwhile."""
+    while True:
+        info = signal.sigwaitinfo([signal.SIGTERM])
+        if info.si_pid == owner:
+            os._exit(0)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when its parent ends (a worker that ignores SIGTERM must not outlive the run)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
+def worker_options(cfg: Any, dataset: Any) -> dict:
+    """DataLoader arguments for worker processes: how they start (DATA.WORKER_START) and their set-up. A fork
+    server starts now, importing the dataset's module while the run builds its model, not at the first batch."""
+    ctx = multiprocessing.get_context(cfg.DATA.WORKER_START)
+    if cfg.DATA.WORKER_START == "forkserver":
+        from multiprocessing import forkserver
+
+        ctx.set_forkserver_preload(["torch", type(dataset).__module__])  # once, in the server, not per worker
+        with stop_signals_held():  # the server and every worker it forks inherit them held back
+            forkserver.ensure_running()
+    from runner.sinks import logging_setup
+
+    return {"multiprocessing_context": ctx, "worker_init_fn": functools.partial(_seed_worker, logs=logging_setup())}
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """The stop signals held back in this thread (processes started meanwhile inherit that), then released:
+    one that came meanwhile is handled then."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def iter_workers(loader: Iterable) -> Iterator:
+    """iter(loader), with the stop signals held back while it starts worker processes: a worker never dies of
+    one before it has set itself to ignore it."""
+    with stop_signals_held():
+        return iter(loader)
 
 
 def host_loader(dataset: torch.utils.data.Dataset, cfg: Any, dist: Dist, *, batch_size: int,
@@ -273,6 +359,6 @@ def host_loader(dataset: torch.utils.data.Dataset, cfg: Any, dist: Dist, *, batc
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, drop_last=train,
         pin_memory=cfg.DATA.PIN_MEMORY and dist.device.type == "cuda",
         persistent_workers=workers > 0, prefetch_factor=cfg.DATA.PREFETCH_FACTOR if workers else None,
-        worker_init_fn=_seed_worker, generator=g,
+        generator=g, **(worker_options(cfg, dataset) if workers else {}),
     )
     return ToDevice(loader, dist.device, cfg.MODEL.CHANNELS_LAST)

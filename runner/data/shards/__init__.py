@@ -14,7 +14,7 @@ def build_shards(cfg: Any, dist: Any, eval_batch: int) -> tuple[Any, Any, list[s
     """The train and val loaders over DATA.ROOT's shards, and the class names."""
     from runner.data.classes import check_classes
     from runner.data.folder import build_transform
-    from runner.data.loaders import ToDevice, default_workers
+    from runner.data.loaders import ToDevice, default_workers, worker_options
     from runner.data.shards.stream import Decoder, Patience, ShardLoader, TrainParts, ValParts
 
     check_source(cfg, dist.world_size)
@@ -28,6 +28,7 @@ def build_shards(cfg: Any, dist: Any, eval_batch: int) -> tuple[Any, Any, list[s
                        accum=cfg.TRAIN.ACCUM_STEPS, streams=d.SHARD_STREAMS, window=d.SHARD_WINDOW,
                        patience=Patience(d.SHARD_RETRIES, d.RETRY_S))
     val = ValParts(val_split, decoders[1], dist, eval_batch, Patience(d.SHARD_RETRIES, d.RETRY_S))
-    loaders = [ToDevice(ShardLoader(parts, workers, d.PREFETCH_FACTOR), dist.device, cfg.MODEL.CHANNELS_LAST)
-               for parts in (train, val)]
+    options = worker_options(cfg, train) if workers else {}
+    loaders = [ToDevice(ShardLoader(parts, workers, d.PREFETCH_FACTOR, options), dist.device,
+                        cfg.MODEL.CHANNELS_LAST) for parts in (train, val)]
     return loaders[0], loaders[1], names

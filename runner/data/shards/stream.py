@@ -23,7 +23,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from runner.data.folder import DECODE_ERRORS
-from runner.data.loaders import _seed_worker, epoch_seed, rank_sequence, train_batches
+from runner.data.loaders import epoch_seed, iter_workers, rank_sequence, train_batches
 from runner.data.shards.index import STALL_S, Fault, ShardPipe, ShardSplit, gopen_url
 from runner.data.shards.order import EpochPlan
 from runner.distributed import Dist
@@ -330,8 +330,10 @@ class ValParts(IterableDataset):
 class ShardLoader:
     """A ResumableLoader over shards (host batches; runner.data.loaders.ToDevice moves them)."""
 
-    def __init__(self, parts: TrainParts | ValParts, workers: int, prefetch: int):
+    def __init__(self, parts: TrainParts | ValParts, workers: int, prefetch: int, options: dict | None = None):
+        """`options`: the DataLoader's worker arguments (runner.data.loaders.worker_options)."""
         self.parts, self.workers, self.prefetch = parts, workers, prefetch
+        self.options = options or {}
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Fix the order for `epoch` and skip the batches already consumed (workers start afresh each pass)."""
@@ -348,11 +350,11 @@ class ShardLoader:
     def _loader(self) -> DataLoader:
         """A DataLoader over the parts; not persistent, so each pass's workers get the current position."""
         return DataLoader(self.parts, batch_size=None, collate_fn=_keep, num_workers=self.workers,
-                          worker_init_fn=_seed_worker, prefetch_factor=self.prefetch if self.workers else None)
+                          prefetch_factor=self.prefetch if self.workers else None, **self.options)
 
     def _parts(self) -> Iterator:
         """The parts: the dataset's own generator without workers (closable), else a DataLoader's iterator."""
-        return iter(self.parts) if self.workers == 0 else iter(self._loader())
+        return iter(self.parts) if self.workers == 0 else iter_workers(self._loader())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Training: one part per worker joined into each micro-batch; evaluation: the workers' batches. Stopped
