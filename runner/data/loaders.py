@@ -331,8 +331,15 @@ def worker_options(cfg: Any, dataset: Any) -> dict:
 def stop_signals_held() -> Iterator[None]:
     """The stop signals held back in this thread (processes started meanwhile inherit that), then released:
     one that came meanwhile is handled then."""
+    from multiprocessing import resource_tracker
+
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
+        # multiprocessing's resource tracker (a forkserver's queues need it) starts now if not yet running, so
+        # that it too holds SIGUSR1 back (it ignores SIGTERM and SIGINT itself); starting it unblocks SIGTERM
+        # and SIGINT in this thread: block them again
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
