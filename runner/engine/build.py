@@ -197,6 +197,9 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
     flag = StopFlag(control)
     preemption = Preemption(flag, checkpointer, profiler, cfg.PROFILE.ONLY)
     status.evaluator, status.metrics = evaluator, metrics
+    if watchdog is not None:
+        evaluator.progress = watchdog.progress  # a stalled evaluation (its loader, a collective) is a hang too
+        watchdog.compiled_eval = cfg.MODEL.COMPILE
     watch = [watchdog, watchdog.resumer] if watchdog is not None else [None, None]
     stamp, limit = _time_limit(cfg, flag, dist)
     hooks = [profiler, metrics, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, status]

@@ -19,8 +19,10 @@ NO_BEST = {"val/top1": -1.0, "val/top5": -1.0, "epoch": -1}  # before any evalua
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, autocast=nullcontext) -> dict[str, float]:
-    """Top-1/top-5 (percent) and mean loss over the whole split, summed across ranks (no padding)."""
+def evaluate(model: nn.Module, loader, device: torch.device, autocast=nullcontext,
+             progress: Callable[..., None] | None = None) -> dict[str, float]:
+    """Top-1/top-5 (percent) and mean loss over the whole split, summed across ranks (no padding); `progress`
+    is called after each batch, and with done=True after the last (the hang watchdog's clock)."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(4, dtype=torch.float64, device=device)
@@ -35,6 +37,10 @@ def evaluate(model: nn.Module, loader, device: torch.device, autocast=nullcontex
         totals[1] += hit.any(1).sum()
         totals[2] += len(y)
         totals[3] += F.cross_entropy(out, y, reduction="sum")
+        if progress is not None:
+            progress()
+    if progress is not None:  # waiting for slower ranks from here: the heartbeats tell whether they live
+        progress(done=True)
     distributed.all_reduce_(totals)
     c1, c5, n, loss = totals.tolist()
     model.train(was_training)
@@ -54,6 +60,7 @@ class Evaluator(Hook):
         self.best = dict(NO_BEST)
         self.last_val: dict[str, float] = {}
         self.is_best = False  # set by an evaluation, taken by the checkpoint that follows it
+        self.progress: Callable[..., None] | None = None  # told when a pass starts, after each batch, at its end
 
     def after_epoch(self, trainer) -> None:
         """Evaluate when due: every EVAL.PERIOD-th whole epoch, and at the end."""
@@ -65,12 +72,15 @@ class Evaluator(Hook):
         """Evaluate the model (and its EMA) on the whole val split and log the result."""
         stepper = trainer.stepper
         modules = [stepper.bare] + ([stepper.ema.module] if stepper.ema is not None else [])
+        if self.progress is not None:
+            self.progress()
         self._sync_buffers(modules)
-        res = evaluate(self._runnable(stepper.bare), self.loader, self.dist.device, self.autocast)
+        res = evaluate(self._runnable(stepper.bare), self.loader, self.dist.device, self.autocast, self.progress)
         scalars = {"val/top1": res["top1"], "val/top5": res["top5"], "val/loss": res["loss"],
                    "val/count": res["count"]}
         if stepper.ema is not None:
-            ema = evaluate(self._runnable(stepper.ema.module), self.loader, self.dist.device, self.autocast)
+            ema = evaluate(self._runnable(stepper.ema.module), self.loader, self.dist.device, self.autocast,
+                           self.progress)
             scalars.update({"val_ema/top1": ema["top1"], "val_ema/top5": ema["top5"]})
         self.last_val = scalars
         self.is_best = res["top1"] > self.best["val/top1"]

@@ -168,7 +168,10 @@ class Watchdog(Hook):
         self.step = 0
         self.stepped = False  # a step completed in this process
         self.fresh = True  # the next gap follows set-up or an epoch's start: not a step time
-        self.paused = False  # evaluation, checkpoints: not a hang however long
+        self.paused = False  # evaluation, checkpoints: not a hang however long, unless an evaluation batch stalls
+        self.evaluating = False  # in an evaluation (paused): each batch must come within eval_limit()
+        self.evaluated = False  # an evaluation batch completed in this process
+        self.compiled_eval = False  # MODEL.COMPILE: the first evaluation batch compiles (the set-up allowance)
         self.slowest = 0.0
         self.dumped = False
         self.seen: dict[int, tuple[str | None, float]] = {}  # while paused: rank -> (heartbeat, when it last moved)
@@ -193,8 +196,14 @@ class Watchdog(Hook):
         self.resume()
 
     def after_epoch(self, trainer) -> None:
-        """The epoch's evaluation and checkpoint are no hang, however long."""
+        """The epoch's evaluation and checkpoint are no hang, however long (but see progress)."""
         self.paused = True
+
+    def progress(self, done: bool = False) -> None:
+        """An evaluation pass started or one of its batches is done (a plain store, no tensor read): the next
+        one must come within eval_limit(), or the run is hung (a loader's worker stuck); `done`: its last."""
+        self.evaluated = self.evaluated or self.evaluating
+        self.last, self.evaluating = time.monotonic(), not done
 
     def after_train(self, trainer) -> None:
         """The run's results are written: nothing left to watch."""
@@ -214,13 +223,19 @@ class Watchdog(Hook):
 
     def resume(self) -> None:
         """Watch again, from now."""
-        self.last, self.paused = time.monotonic(), False
+        self.last, self.paused, self.evaluating = time.monotonic(), False, False
 
     # ---- the thread ------------------------------------------------------------------------------------
     def limit(self) -> float:
         """Seconds without a step that make a hang: the timeout (or auto), at least SETUP_ALLOWANCE before step 1."""
         base = self.timeout if self.timeout > 0 else max(AUTO_MIN, AUTO_FACTOR * self.slowest)
         return base if self.stepped else max(base, self.setup_allowance)
+
+    def eval_limit(self) -> float:
+        """Seconds an evaluation batch may take: as a step, with the set-up allowance for the first one when it
+        compiles the model (its loader's workers start within the step's limit)."""
+        first = self.compiled_eval and not self.evaluated
+        return max(self.limit(), self.setup_allowance) if first else self.limit()
 
     def start(self) -> None:
         """Start the thread (not in a single process with the watchdog off)."""
@@ -251,6 +266,10 @@ class Watchdog(Hook):
                     log.debug("watchdog: store unavailable (%s)", e)
             if self.timeout != 0 and not self.paused and time.monotonic() - self.last > self.limit():
                 self._hang()
+            if self.timeout != 0 and self.paused and self.evaluating and \
+                    time.monotonic() - self.last > self.eval_limit():
+                self._hang(f"no evaluation batch for {self.eval_limit():.0f} s in the evaluation after step "
+                           f"{self.step} (DIST.HANG_TIMEOUT_S)")
             if self.timeout != 0 and self.paused and self.board is not None:
                 if self._silent_for(self.limit()):
                     self._hang(f"no heartbeat for {self.limit():.0f} s during the evaluation or checkpoint after "

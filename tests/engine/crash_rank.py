@@ -1,11 +1,12 @@
 """tools/train.py with a fault injected on one rank (a test's fault injection, run as a script under torchrun).
 
-    CRASH_RANK=1 CRASH_STEP=3 CRASH_HOW=raise|exit|stop|slow python tests/engine/crash_rank.py [train.py arguments]
+    CRASH_RANK=1 CRASH_STEP=3 CRASH_HOW=raise|exit|stop|slow|block python tests/engine/crash_rank.py [arguments]
 
 `raise`: a RuntimeError (a real failure, not a user mistake) from the step; `exit`: the process ends at once
 without a word (os._exit), as a rank killed by the kernel would; `stop`: the process freezes (SIGSTOP), at
 CRASH_AT `step` (the default), `eval` (the first evaluation) or `setup` (before the process group forms);
-`slow`: every evaluation (CRASH_AT eval) sleeps CRASH_SLEEP seconds first. Without RANK (one process) the rank is 0.
+`slow`: every evaluation (CRASH_AT eval) sleeps CRASH_SLEEP seconds first; `block`: the main thread waits forever
+(a loader whose worker never answers). Without RANK (one process) the rank is 0.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +41,8 @@ def _fault() -> None:
         os._exit(9)
     if how == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
+    if how == "block":  # the process lives on (its threads beat), its main thread never comes back
+        threading.Event().wait()
     raise RuntimeError("injected crash in the step")
 
 

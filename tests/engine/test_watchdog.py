@@ -139,7 +139,8 @@ CRASH = str(Path(__file__).resolve().parent / "crash_rank.py")
 FROZEN_RUN = [*TINY_RESNET, "TRAIN.MAX_STEPS", "3"]  # the run's last evaluation follows step 3
 
 
-def _frozen_job(tmp_path: Path, at: str, *keys: str) -> tuple[subprocess.CompletedProcess, float]:
+def _frozen_job(tmp_path: Path, at: str, *keys: str, how: str = "stop",
+                rank: str = "1") -> tuple[subprocess.CompletedProcess, float]:
     """torchrun on 2 processes with rank 1 frozen (SIGSTOP) at `at`; its stderr (as stdout: the two interleaved,
     as stderr: alone); seconds until rank 0 ended.
 
@@ -149,7 +150,7 @@ def _frozen_job(tmp_path: Path, at: str, *keys: str) -> tuple[subprocess.Complet
         proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", CRASH,
              "--cfg", DIGITS, *FROZEN_RUN, *keys, "OUTPUT_DIR", str(out)], stdout=f, stderr=e,
-            env={**env(), "CRASH_RANK": "1", "CRASH_HOW": "stop", "CRASH_AT": at, "CRASH_STEP": "0"})
+            env={**env(), "CRASH_RANK": rank, "CRASH_HOW": how, "CRASH_AT": at, "CRASH_STEP": "0"})
     t0, workers, ended = time.monotonic(), {}, None
     try:
         while proc.poll() is None and time.monotonic() - t0 < 150:
@@ -211,3 +212,19 @@ def test_rank_frozen_before_the_process_group_is_named(tmp_path):
     assert "DistStoreError" not in proc.stderr and "socket.cpp" not in proc.stderr
     assert 5 < ended < 60, ended
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_evaluation_that_stalls_is_a_hang(tmp_path):
+    """Rank 0's evaluation never gets its batch (a loader worker stuck at its fork, say) while every thread still
+    beats and rank 1 waits in the evaluation's all_reduce: one line, exit 76 within DIST.HANG_TIMEOUT_S (not
+    gloo's DIST.TIMEOUT_S, nor never), run.json hung."""
+    proc, ended = _frozen_job(tmp_path, "eval", "DIST.HANG_TIMEOUT_S", "5", "DIST.TIMEOUT_S", "600", how="block",
+                              rank="0")
+    assert exited_76(proc.stderr), proc.stderr[-3000:]
+    lines = _runner_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("hung: no evaluation batch for 5 s in the evaluation after "
+                                                   "step 3"), lines
+    assert "every rank still reports" in lines[0] and 5 < ended < 60, (lines, ended)
+    status = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert status["status"] == "hung" and status["step"] == 3, status
