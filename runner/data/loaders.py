@@ -280,9 +280,8 @@ def _seed_worker(worker_id: int, logs: tuple[str | None, int] | None = None) -> 
         signal.signal(sig, signal.SIG_IGN)  # also drops one that came while blocked (see iter_workers)
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # every thread of the worker inherits it
     signal.pthread_sigmask(signal.SIG_UNBLOCK, quiet)
-    owner = multiprocessing.parent_process()
-    threading.Thread(target=_obey_owner_sigterm, args=(owner.pid if owner else os.getppid(),),
-                     name="runner-worker-sigterm", daemon=True).start()
+    threading.Thread(target=_watch_owner, args=(multiprocessing.parent_process(),), name="runner-worker-owner",
+                     daemon=True).start()
     _die_with_parent()
     if logs is not None:
         from runner.sinks import setup_logging
@@ -293,12 +292,14 @@ def _seed_worker(worker_id: int, logs: tuple[str | None, int] | None = None) -> 
     random.seed(s)
 
 
-def _obey_owner_sigterm(owner: int) -> None:
-    """A worker's SIGTERM: the main process ending it (DataLoader's shutdown, multiprocessing's exit) ends it at
-    once; one sent to the whole job is the main process's to answer, and the worker serves it meanwhile."""
+def _watch_owner(owner) -> None:
+    """In a worker: a SIGTERM from the main process (DataLoader's shutdown, multiprocessing's exit) or the main
+    process's death ends the worker at once; a SIGTERM sent to the whole job is the main process's to answer, and
+    the worker serves it meanwhile. (torch's own check watches the worker's parent, which under a fork server is
+    the server: a worker of a SIGKILLed run would wait forever, and keep the server alive.)"""
     while True:
-        info = signal.sigwaitinfo([signal.SIGTERM])
-        if info.si_pid == owner:
+        info = signal.sigtimedwait([signal.SIGTERM], 1.0)
+        if (info is not None and info.si_pid == owner.pid) or not owner.is_alive():
             os._exit(0)
 
 

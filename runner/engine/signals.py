@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -30,6 +31,7 @@ class StopFlag:
         self.old = {}
         self.stopping = False
         self.reason = ""  # why this rank asked to stop, when it was not a signal (TRAIN.TIME_LIMIT)
+        self.launcher = LauncherWatch(self) if os.environ.get("TORCHELASTIC_RUN_ID") else None
 
     def request(self, reason: str) -> None:
         """Ask every rank to stop at the same step and save, as a signal would."""
@@ -41,6 +43,8 @@ class StopFlag:
         """SIGTERM, SIGUSR1 and a first Ctrl-C ask the run to finish its step, save and exit."""
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             self.old[sig] = signal.signal(sig, self._handle)
+        if self.launcher is not None:
+            self.launcher.start()
 
     def _handle(self, signum, frame) -> None:
         """Note the request; a second Ctrl-C is left to Python (KeyboardInterrupt: stop at once)."""
@@ -67,6 +71,8 @@ class StopFlag:
 
     def close(self) -> None:
         """Finish the pending reduce; restore the previous handlers, or ignore the signals when stopping on one."""
+        if self.launcher is not None:
+            self.launcher.stop()
         if self.work is not None:
             self.work.wait()
             self.work = None
@@ -75,6 +81,35 @@ class StopFlag:
             # (SIG_IGN, unlike a Python handler, also holds while the interpreter shuts down)
             signal.signal(sig, signal.SIG_IGN if self.stopping else old)
         self.old.clear()
+
+
+class LauncherWatch:
+    """Under torchrun: a launcher that is gone (kill -9, the OOM killer, a scheduler that ended only what it
+    started) asks this rank to save and stop, as a signal would. torchrun starts each rank in its own session,
+    so nothing else would reach it: the ranks would train on as orphans, holding the run folder."""
+
+    PERIOD = 1.0  # seconds between looks at the parent
+
+    def __init__(self, flag: StopFlag):
+        self.flag, self.parent = flag, os.getppid()
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Look at the parent every PERIOD seconds from now on."""
+        self.thread = threading.Thread(target=self._run, name="runner-launcher-watch", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        """Once the parent has changed (this process was re-parented), ask to stop."""
+        while not self.done.wait(self.PERIOD):
+            if os.getppid() != self.parent:
+                self.flag.request(f"the launcher (torchrun, pid {self.parent}) is gone")
+                return
+
+    def stop(self) -> None:
+        """End the thread."""
+        self.done.set()
 
 
 class Preemption(Hook):

@@ -179,6 +179,8 @@ class Watchdog(Hook):
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
         self.resumer = _Resume(self)
+        # torchrun's agent hosts the job's store: once it is gone, every use of the store prints C++ warnings
+        self.agent = os.getppid() if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else None
 
     # ---- the loop's side: plain stores, no tensor read ---------------------------------------------------
     def after_step(self, trainer) -> None:
@@ -250,15 +252,21 @@ class Watchdog(Hook):
         self.stopped.set()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5 * self.tick)
-        if self.board is not None:
+        if self.board is not None and not self.store_gone():
             try:
                 self.board.retire()
             except Exception:  # the store is gone: the job is over
                 pass
 
+    def store_gone(self) -> bool:
+        """True once the launcher that hosted the job's store is gone (this process was re-parented)."""
+        return self.agent is not None and os.getppid() != self.agent
+
     def _run(self) -> None:
         """Each tick: heartbeat and messages, then the hang check."""
         while not self.stopped.wait(self.tick):
+            if self.board is not None and self.store_gone():
+                self.board = None  # the ranks' own collectives still work: they save and stop (LauncherWatch)
             if self.board is not None:
                 try:
                     self._exchange()

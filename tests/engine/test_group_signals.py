@@ -6,6 +6,7 @@ may decide the outcome, and none may be left behind.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -48,7 +49,7 @@ def session_members(sid: int) -> list[int]:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            if int(fields[4]) == sid and fields[0] != "Z":
+            if int(fields[3]) == sid and fields[0] != "Z":  # state, ppid, pgrp, session
                 found.append(int(entry.name))
     return found
 
@@ -162,3 +163,44 @@ def test_sigterm_to_every_process_of_a_torchrun_job(sources, tmp_path):
     assert again.returncode == 0, again.stderr
     steps = [r["step"] for r in read_jsonl(out / "metrics.jsonl") if "train/loss" in r]
     assert steps == list(range(1, STEPS + 1)) and 4 <= saved < STEPS
+
+
+def test_ranks_of_a_killed_torchrun_save_and_stop(tmp_path):
+    """kill -9 of torchrun alone (the OOM killer, a launcher that ends only what it started): its ranks, each in
+    its own session, save and exit 75 within seconds instead of training on as orphans holding the folder."""
+    out = tmp_path / "out"
+    digits = ["--cfg", CFG, "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "32",
+              "LOG.PERIOD", "1", "LOG.PROGRESS", "plain"]
+    run = Launch([*torchrun(["--standalone", "--nproc_per_node=2", TRAIN]), *digits, "TRAIN.EPOCHS", "30",
+                  "OUTPUT_DIR", str(out)], tmp_path, "ddp")
+    run.wait_step(3)
+    ranks = run.children()
+    os.kill(run.p.pid, signal.SIGKILL)
+    run.finish(30)
+    left = wait_gone(ranks, timeout=30)
+    for pid in left:  # orphans that trained on: not to outlive the test
+        os.kill(pid, signal.SIGKILL)
+    assert len(ranks) == 2 and left == [], run.stdout[-3000:]
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "preempted", status
+    assert run.stdout.count("the launcher (torchrun, pid") >= 2 and "frame #" not in run.stdout, run.stdout[-3000:]
+    saved = ckpt_step(out / "checkpoints" / "last.pth")
+    assert 3 <= saved < 30 * (1437 // 64), saved
+    again = run_tool("train.py", [*digits, "DATA.BATCH_SIZE", "32", "TRAIN.ACCUM_STEPS", "2", "TRAIN.EPOCHS", "30",
+                                  "TRAIN.MAX_STEPS", str(saved + 2), "OUTPUT_DIR", str(out)])
+    assert again.returncode == 0, again.stderr
+    assert f"step {saved}" in again.stdout and "resumed from" in again.stdout, again.stdout[-2000:]
+
+
+@pytest.mark.parametrize("source", ["folder", "shards"])
+def test_sigkill_of_the_main_process_leaves_no_worker(sources, tmp_path, source):
+    """The main process killed at once (kill -9, the OOM killer): its loader workers and fork server end within
+    seconds, not train-forever orphans (torch's check watches the worker's parent, the fork server)."""
+    out = tmp_path / "out"
+    run = Launch([sys.executable, TRAIN, *RUN, *sources[source], "OUTPUT_DIR", str(out)], tmp_path, "run")
+    run.wait_step(3)
+    helpers = [p for p in session_members(run.p.pid) if p != run.p.pid]
+    assert len(helpers) >= 3, helpers  # 2 workers, the fork server (and multiprocessing's resource tracker)
+    run.p.kill()
+    run.finish(30)
+    assert wait_gone(helpers) == []
