@@ -28,3 +28,19 @@ def test_more_workers_than_cpus_warns_once_with_the_default(caplog, monkeypatch)
         warn_many_workers(fits)
         warn_many_workers(auto)
     assert not caplog.records
+
+
+def test_far_too_many_workers_are_capped_with_one_warning(caplog, monkeypatch):
+    """200 workers on a few CPUs would take minutes to start and can exhaust memory: 4 per CPU (at least 8)."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    cap = max(8, 4 * cpus)
+    absurd, _ = load_config(["DATA.NUM_WORKERS", str(cap + 1)], check_paths=False)
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        warn_many_workers(absurd)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and f"DATA.NUM_WORKERS {cap + 1} is far more than the {cpus} CPU" in lines[0], lines
+    assert f"starting {cap}" in lines[0]
+    assert default_workers(absurd, Dist(0, 1, 0, None)) == cap
+    at_cap, _ = load_config(["DATA.NUM_WORKERS", str(cap)], check_paths=False)
+    assert default_workers(at_cap, Dist(0, 1, 0, None)) == cap
