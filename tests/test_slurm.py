@@ -1,6 +1,8 @@
 """tools/sweeps/slurm.sh on a real single-node SLURM (tests/slurm_cluster.py): a throttled 4-point array,
 re-submission, preemption by `scontrol requeue` and by `scancel --signal=USR1 --full` continued bit-identically,
-a SLURM time limit with its warning signal, a bad key that fails once, a 2-process point through srun+torchrun.
+a SLURM time limit with its warning signal, a bad key that fails once, a 2-process point through srun+torchrun,
+and a point on a JPEG folder with 2 loader workers stopped by `scancel` (re-submitted) or `scontrol requeue`: SIGTERM
+to every process of the task, its workers included, saves (exit 75) and the point continues bit-identically.
 
 Every point is tiny digits (test_resnet at 8 px, one thread). SLURM holds a requeued job 120 s (its BeginTime);
 the tests start it at once with `scontrol update StartTime=now` (Cluster.release_requeued), as a user may.
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.data.fixtures import export_digits_jpegs
 from tests.engine.test_resume import assert_same_run
 from tests.slurm_cluster import Cluster
 from tests.utils import ROOT, TRAIN, assert_user_error, read_jsonl
@@ -65,6 +68,20 @@ def wait_step(out: Path, step: int, timeout: float = 60) -> None:
     raise AssertionError(f"{out} did not pass step {step} in {timeout} s")
 
 
+def wait_task_end(root: Path, point: str, timeout: float = 60) -> dict:
+    """The end event of the point's first task, once its batch shell has written it."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            ends = [e for e in events(root, point) if e["event"] == "end"]
+        except (OSError, ValueError):
+            ends = []  # not written yet, or a line half-written
+        if ends:
+            return ends[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no task of {point} ended within {timeout} s")
+
+
 def wait_resumed(cluster: Cluster, out: Path, since: float, timeout: float = 90) -> tuple[int, float]:
     """The step the run stopped at, and the seconds from `since` until the requeued task logged the next one."""
     end = time.monotonic() + timeout
@@ -107,15 +124,34 @@ def table_rows(root: Path) -> dict[str, str]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The point of the preemption tests, trained once without interruption (tools/train.py, no SLURM)."""
-    out = tmp_path_factory.mktemp("slurm_ref") / "ref"
+def train_alone(out: Path, args: list[str]) -> Path:
+    """`out` trained once without interruption (tools/train.py, one thread, no SLURM)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, TRAIN, "--cfg", CFG, "OUTPUT_DIR", str(out), *LONG], capture_output=True,
+    proc = subprocess.run([sys.executable, TRAIN, "--cfg", CFG, "OUTPUT_DIR", str(out), *args], capture_output=True,
                           text=True, timeout=120, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The point of the preemption tests, trained once without interruption."""
+    return train_alone(tmp_path_factory.mktemp("slurm_ref") / "ref", LONG)
+
+
+@pytest.fixture(scope="module")
+def folder_point(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The KEY VALUE pairs of a point on a JPEG folder read by 2 loader workers (2 x ~180 steps of 8 images)."""
+    jpegs = export_digits_jpegs(tmp_path_factory.mktemp("slurm_jpegs") / "jpegs", size=16)
+    return ["DATA.NAME", "folder", "DATA.ROOT", str(jpegs), "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "8",
+            "DATA.NUM_WORKERS", "2", "TRAIN.EPOCHS", "2", "TRAIN.EMA", "true", "TRAIN.EMA_DECAY", "0.9",
+            "LOG.PERIOD", "1"]
+
+
+@pytest.fixture(scope="module")
+def folder_reference(tmp_path_factory: pytest.TempPathFactory, folder_point: list[str]) -> Path:
+    """The folder point trained once without interruption."""
+    return train_alone(tmp_path_factory.mktemp("slurm_folder_ref") / "ref", folder_point)
 
 
 @pytest.mark.slow
@@ -175,6 +211,51 @@ def test_preempted_task_continues_exactly(slurm_cluster: Cluster, tmp_path: Path
     assert f"resumed from {out / 'checkpoints' / 'last.pth'}" in (out.parent / "logs" / "pt.log").read_text()
     assert_same_run(out, reference)
     print(f"{how}: from the signal to the requeued task's next step (step {stop_step + 1}): {latency:.1f} s")
+
+
+def task_texts(root: Path, point: str) -> str:
+    """Everything a point's tasks wrote: the run's log (its stdout and stderr) and the tasks' own SLURM logs."""
+    logs = [root / "logs" / f"{point}.log", *sorted((root / "slurm" / "logs").glob("*.out"))]
+    return "".join(f.read_text(errors="replace") for f in logs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["scancel", "scontrol-requeue"])
+def test_sigterm_to_every_process_with_loader_workers(slurm_cluster: Cluster, tmp_path: Path, folder_point: list[str],
+                                                      folder_reference: Path, how: str) -> None:
+    """SIGTERM to every process of a task reading a JPEG folder with 2 workers: exit 75, saved, continued exactly.
+
+    scancel JOB (SIGCONT and SIGTERM to every process of every step, the batch shell and the loader workers
+    included; the job ends CANCELLED, never requeued) is the user's cancel: the same command re-submitted goes on.
+    scontrol requeue sends the same signals and requeues the job, as a preemption with PreemptMode=REQUEUE does.
+    """
+    out = tmp_path / "fw"
+    cmd = ("run", "--cfg", CFG, "OUTPUT_DIR", str(out), *folder_point)
+    sub = slurm_sh(slurm_cluster, *cmd)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.split("array job ")[1].split()[0]
+    per_epoch = json.loads((folder_reference / "results.json").read_text())["step"] // 2
+    wait_step(out, per_epoch + 5)  # in epoch 2, its workers started afresh
+    t_signal = time.time()
+    slurm_cluster.run(*(["scancel"] if how == "scancel" else ["scontrol", "requeue"]), f"{job}_0")
+    first = wait_task_end(tmp_path, "fw")
+    assert first["action"] == "stopped" and first["rc"] == 75, f"{first}\n{task_texts(tmp_path, 'fw')[-3000:]}"
+    assert first["why"].endswith("run.json preempted"), first  # the helper's reading of run.json at the end
+    if how == "scancel":
+        wait_all_ended(slurm_cluster)  # cancelled: not requeued
+        assert '"status": "preempted"' in (out / "run.json").read_text()
+        again = slurm_sh(slurm_cluster, *cmd)  # the user's re-submission: a new job, which resumes
+        assert again.returncode == 0 and "submitted 1 point(s)" in again.stdout, again.stderr
+    stop_step, latency = wait_resumed(slurm_cluster, out, t_signal)
+    wait_all_ended(slurm_cluster)
+    ev, texts = events(tmp_path, "fw"), task_texts(tmp_path, "fw")
+    assert [e["event"] for e in ev] == ["start", "end", "start", "end"] and ev[3]["action"] == "done", ev
+    assert "task 0: Exited with exit code 75" in texts and texts.count("received SIGTERM") == 1  # once, not per worker
+    for bad in ("DataLoader worker", "killed by signal", "Traceback"):
+        assert bad not in texts, texts[-3000:]
+    assert texts.count("preempted at step") == 1 and per_epoch < stop_step < 2 * per_epoch, (stop_step, per_epoch)
+    assert_same_run(out, folder_reference)
+    print(f"{how} with 2 loader workers: from the signal to the next step (step {stop_step + 1}): {latency:.1f} s")
 
 
 @pytest.mark.slow
