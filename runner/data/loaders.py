@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
@@ -275,10 +276,12 @@ def _seed_worker(worker_id: int, logs: tuple[str | None, int] | None = None) -> 
     """In each worker: leave the stop signals to the main process, log as it does (`logs`: its setup_logging
     arguments; a worker that was not forked from it starts without handlers), then seed numpy and random from
     torch's per-worker seed."""
-    quiet = [sig for sig in STOP_SIGNALS if sig != signal.SIGTERM]
+    # without sigtimedwait (macOS) SIGTERM keeps torch's handler: the worker dies of one sent to the whole job
+    held = [signal.SIGTERM] if hasattr(signal, "sigtimedwait") else []
+    quiet = [sig for sig in STOP_SIGNALS if sig not in held]
     for sig in quiet:
         signal.signal(sig, signal.SIG_IGN)  # also drops one that came while blocked (see iter_workers)
-    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # every thread of the worker inherits it
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)  # every thread of the worker inherits it
     signal.pthread_sigmask(signal.SIG_UNBLOCK, quiet)
     threading.Thread(target=_watch_owner, args=(multiprocessing.parent_process(),), name="runner-worker-owner",
                      daemon=True).start()
@@ -298,7 +301,7 @@ def _watch_owner(owner) -> None:
     the worker serves it meanwhile. (torch's own check watches the worker's parent, which under a fork server is
     the server: a worker of a SIGKILLed run would wait forever, and keep the server alive.)"""
     while True:
-        info = signal.sigtimedwait([signal.SIGTERM], 1.0)
+        info = signal.sigtimedwait([signal.SIGTERM], 1.0) if hasattr(signal, "sigtimedwait") else time.sleep(1.0)
         if (info is not None and info.si_pid == owner.pid) or not owner.is_alive():
             os._exit(0)
 
