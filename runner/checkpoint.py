@@ -131,6 +131,23 @@ def describe(e: Exception) -> str:
     return f"{type(e).__name__}: {text}"[:200]
 
 
+SAVE_WEIGHTS = "save only the weights: torch.save(model.state_dict(), path)"
+OWN_CHECKPOINT = "the runner's own checkpoints hold none: name one it wrote (OUTPUT_DIR/checkpoints/last.pth)"
+
+
+def load_reason(e: Exception, fix: str = SAVE_WEIGHTS) -> str | None:
+    """torch.load's long messages (many lines, which describe cuts) shortened to what the file is, with `fix`
+    (what would be right) for a pickle holding code; None for other errors."""
+    text = str(e)
+    if "Weights only load failed" in text:
+        glob = re.search(r"GLOBAL ([\w.]+)", text)
+        found = f" ({glob.group(1)})" if glob else ""
+        return f"a pickle holding Python objects other than tensors{found}, which weights_only loading refuses; {fix}"
+    if "central directory" in text or "PytorchStreamReader" in text:
+        return "a damaged torch file: cut short or changed after saving"
+    return None
+
+
 def find_resumable(output_dir: str | os.PathLike) -> tuple[Path, dict] | None:
     """The newest checkpoint that loads, warning about (and skipping) any newer one that does not."""
     d = ckpt_dir(output_dir)
@@ -154,7 +171,8 @@ def load_explicit(path: str) -> dict:
     try:
         state = load_file(path)
     except Exception as e:
-        raise UserError(f"checkpoint '{path}' cannot be loaded ({describe(e)})") from None
+        reason = load_reason(e, OWN_CHECKPOINT) or describe(e)
+        raise UserError(f"checkpoint '{path}' cannot be loaded ({reason})") from None
     if "model" not in state or "step" not in state:
         raise UserError(f"checkpoint '{path}' is not a runner checkpoint (no 'model'/'step'); "
                         "to start from plain weights use MODEL.CHECKPOINT")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from runner.checkpoint import NotADict, describe, is_torch_archive, load_file, zip_entries
+from runner.checkpoint import NotADict, describe, is_torch_archive, load_file, load_reason, zip_entries
 from runner.distributed import Dist
 from runner.errors import UserError
 
@@ -239,7 +238,7 @@ def read_weights_file(path: str, where: str) -> dict:
         raise UserError(f"{where} holds a {e.found}, not a state_dict (a dict of tensors) nor a "
                         "runner checkpoint") from None
     except Exception as e:  # noqa: BLE001 - torch raises many types for a file it cannot read
-        raise UserError(f"{where} cannot be read as weights ({_load_reason(e) or describe(e)})") from None
+        raise UserError(f"{where} cannot be read as weights ({load_reason(e) or describe(e)})") from None
 
 
 def _sniff(p: Path) -> str | None:
@@ -287,19 +286,6 @@ def _read_safetensors(p: Path, where: str) -> dict:
     except Exception as e:  # noqa: BLE001 - a damaged header raises the library's own error types
         raise UserError(f"{where} looks like a .safetensors file but cannot be read ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:120] if str(e) else ''})") from None
-
-
-def _load_reason(e: Exception) -> str | None:
-    """torch.load's long messages, shortened to what the file is."""
-    text = str(e)
-    if "Weights only load failed" in text:
-        glob = re.search(r"GLOBAL ([\w.]+)", text)
-        found = f" ({glob.group(1)})" if glob else ""
-        return (f"a pickle holding Python objects other than tensors{found}, which weights_only loading refuses; "
-                "save only the weights: torch.save(model.state_dict(), path)")
-    if "central directory" in text or "PytorchStreamReader" in text:
-        return "a damaged torch file: cut short or changed after saving"
-    return None
 
 
 def _state_dict_of(obj: dict, where: str) -> tuple[dict, dict]:

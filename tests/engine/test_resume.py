@@ -332,6 +332,21 @@ def test_explicit_resume_path_unloadable_is_exit_2(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr + r.stdout
 
 
+class Opaque:
+    """An object torch.load(weights_only=True) refuses to unpickle."""
+
+
+def test_explicit_resume_path_holding_code_is_one_whole_line(tmp_path):
+    """torch's own message (several lines, cut mid-sentence before) becomes MODEL.CHECKPOINT's line for it."""
+    bad = tmp_path / "with_code.pth"
+    torch.save({"model": {"w": torch.zeros(2)}, "step": 3, "extra": Opaque()}, bad)
+    r = run_tool("train.py", [*BASE, "CHECKPOINT.RESUME", str(bad), "OUTPUT_DIR", str(tmp_path / "run")])
+    line = assert_user_error(r, f"checkpoint '{bad}' cannot be loaded (a pickle holding Python objects other "
+                                f"than tensors ({__name__}.Opaque), which weights_only loading refuses; ")
+    assert line.endswith("name one it wrote (OUTPUT_DIR/checkpoints/last.pth))") and "\x1b" not in line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_resume_with_changed_config_is_refused(reference, tmp_path):
     """Keys that change the run are refused with exit 2, listing them; nothing in the folder changes."""
     out = unfinished_copy(reference, tmp_path / "run", keep=1)
