@@ -26,6 +26,7 @@ SKIP_DIRS = {"checkpoints", "profile"}
 ACTIVITY_FILES = ("run.json", "metrics.jsonl", "log.txt", "checkpoints/last.pth")
 # Keys that differ in every run by construction, so they never make a column
 IGNORED_KEYS = {"OUTPUT_DIR"}
+# best/*: the values of the evaluation with the highest top-1 (best/val/top5 is the top-5 at the best top-1)
 RESULT_COLUMNS = ("status", "val/top1", "best/val/top1", "val/top5", "best/val/top5", "epoch", "wall_s",
                   "train/img_per_s", "note")
 DEFAULT_SORT = "best/val/top1"
@@ -133,14 +134,21 @@ def read_metrics(run: Run, folder: Path) -> dict[str, Any]:
 
 
 def _fold_metrics(out: dict[str, Any], record: dict[str, Any]) -> None:
-    """Update the final and best val metrics, the epoch and the img/s sum with one metrics.jsonl record."""
+    """Update the final and best val metrics, the epoch and the img/s sum with one metrics.jsonl record.
+
+    As results.json has them: best/val/top1 the highest top-1, best/val/top5 the top-5 of that same evaluation
+    (the first of equal ones), not the highest top-5.
+    """
+    top1 = record.get("val/top1")
     for key in ("val/top1", "val/top5"):
         value = record.get(key)
         if _is_number(value):
             out[key] = value
-            out[f"best/{key}"] = max(value, out.get(f"best/{key}", value))
             if _is_number(record.get("epoch")):
                 out["epoch"] = record["epoch"]  # evaluations come at epoch ends: epochs done
+    if _is_number(top1) and top1 > out.get("best/val/top1", float("-inf")):
+        out["best/val/top1"] = top1
+        out["best/val/top5"] = record.get("val/top5") if _is_number(record.get("val/top5")) else None
     if _is_number(record.get("train/img_per_s")):
         out["_img_per_s"] = [*out.get("_img_per_s", []), record["train/img_per_s"]]
 

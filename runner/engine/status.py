@@ -99,6 +99,7 @@ class RunStatus(Hook):
         results = {
             "status": runstate.DONE,
             "val/top1": last.get("val/top1"), "val/top5": last.get("val/top5"),
+            # best/*: the evaluation with the highest top-1; its top-5 (not the highest top-5) and its epoch
             "best/val/top1": best["val/top1"], "best/val/top5": best["val/top5"], "best/epoch": best["epoch"],
             "epoch": trainer.epoch, "step": trainer.step, "epochs": self.epochs, "max_steps": self.max_steps,
             "wall_s": round(self.wall_s(), 3),
