@@ -259,13 +259,18 @@ class MetricWriter:
             self.tb.file_writer.add_summary(_name_session(summary, self.dir))
         self.tb.flush()
 
+    def end_progress(self) -> None:
+        """Close the progress bar (it stays on screen, complete): the lines that follow print below it."""
+        if self.bar is not None:
+            self.bar.close()
+            self._redirect.__exit__(None, None, None)
+            self.bar = None
+
     def close(self) -> None:
         """Flush and close every sink."""
         if not self.enabled:
             return
-        if self.bar is not None:
-            self.bar.close()
-            self._redirect.__exit__(None, None, None)
+        self.end_progress()
         self.jsonl.close()
         if self.tb is not None:
             self.tb.close()

@@ -11,7 +11,9 @@ import subprocess
 import sys
 import termios
 
-from tests.utils import ROOT, TRAIN, env, read_jsonl
+import pytest
+
+from tests.utils import ROOT, TINY, TRAIN, env, read_jsonl
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 LOG_LINE = re.compile(r"\d\d:\d\d:\d\d [IWE] ")
@@ -66,3 +68,28 @@ def test_bar_and_log_lines_never_share_a_line(tmp_path):
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/loss" in r]
     assert [(int(m.group(1)), int(m.group(2))) for m in trained] == [(r["epoch"], r["step"]) for r in rows]
     assert [r["step"] for r in rows] == [3, 6, 9, 12, 15, 18, 21, 22]  # 11 steps an epoch, a line per 3 and the last
+
+
+def screen(text: str) -> list[str]:
+    """What a terminal shows of `text`: each line as its carriage returns left it (a later piece overwrites the
+    start of the earlier ones), escape codes dropped, trailing blanks cut."""
+    shown = []
+    for line in ANSI.sub("", text).split("\n"):
+        cells = ""
+        for piece in line.split("\r"):
+            cells = piece + cells[len(piece):]
+        shown.append(cells.rstrip())
+    return [line for line in shown if line]
+
+
+@pytest.mark.slow
+def test_finished_bar_stays_above_the_done_line(tmp_path):
+    """The bar is closed when training ends: complete, once, above the `done:` line (it was printed below it)."""
+    rc, text = run_on_pty(["--cfg", str(ROOT / "configs" / "digits" / "test_resnet.yaml"), *TINY,
+                           "TRAIN.MAX_STEPS", "6", "LOG.TENSORBOARD", "false", "OUTPUT_DIR", str(tmp_path / "run")])
+    assert rc == 0, text[-3000:]
+    lines = screen(text)
+    assert " done: val/top1 " in lines[-1], lines[-4:]
+    bars = [i for i, line in enumerate(lines) if "%|" in line]
+    assert len(bars) == 1 and "6/6" in lines[bars[0]], lines[-6:]
+    assert " eval epoch 0 step 6:" in lines[bars[0] - 1], lines[-6:]  # the last log line training printed

@@ -133,6 +133,16 @@ class MetricLogger(Hook):
         if trainer.at_end and trainer.step > self.window[1]:
             self.log_window(trainer)
 
+    def after_train(self, trainer) -> None:
+        """Training is over: end the bar before RunStatus (a later hook) prints the `done:` line under it."""
+        if self.writer is not None:
+            self.writer.end_progress()
+
+    def on_exception(self, trainer, error: BaseException) -> None:
+        """End the bar before the stop's own lines (preempted, failed) are printed."""
+        if self.writer is not None:
+            self.writer.end_progress()
+
     def reset(self, trainer) -> None:
         """Start a new window at the loop's current counters."""
         self.window = (time.perf_counter(), trainer.step, trainer.images, trainer.data_wait)
