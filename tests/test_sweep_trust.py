@@ -23,6 +23,9 @@ SCRIPTS = ("lr_x_model.sh", "per_gpu.sh", "torchrun.sh")
 FAKE = f"""#!{sys.executable}
 import json, os, sys
 args = sys.argv[1:]
+if "CALL_LOG" in os.environ:  # every call, points and helpers alike
+    with open(os.environ["CALL_LOG"], "a") as f:
+        f.write(json.dumps(args) + "\\n")
 if any(a.endswith("train.py") for a in args):  # a point: record its argv, act as told
     with open(os.environ["ARGV_LOG"], "a") as f:
         f.write(json.dumps(args) + "\\n")
@@ -77,13 +80,16 @@ def test_values_are_not_glob_expanded(script: str, tmp_path: Path, fake_python: 
         (work / name).write_text("")
     log = tmp_path / "argv.jsonl"
     out = sweep(script, work, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw",
-                LRS="0.1*", MODELS="resnet* resnet10t", NPROC="1")
+                LRS="0.1", MODELS="resnet* resnet10t", NPROC="1")
     assert out.returncode == 0, out.stdout + out.stderr
     got = points(log)
     assert [value_of(a, "MODEL.NAME") for a in got] == ["resnet*", "resnet10t"]
-    assert [value_of(a, "TRAIN.LR") for a in got] == ["0.1*", "0.1*"]
-    assert value_of(got[0], "OUTPUT_DIR") == "sw/lr0.1*_resnet*"
-    assert "start lr0.1*_resnet*" in out.stdout
+    assert value_of(got[0], "OUTPUT_DIR") == "sw/lr0.1_resnet*"
+    assert "start lr0.1_resnet*" in out.stdout
+    # the LR 0.1* reaches the config check as typed (0.1z in the cwd is not taken), which refuses it
+    out = sweep(script, work, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw2", LRS="0.1*",
+                MODELS="resnet*", NPROC="1")
+    assert_user_error(out, "point lr0.1*_resnet*: TRAIN.LR expects a number, got '0.1*'")
 
 
 def test_items_with_spaces_and_slashes(tmp_path: Path, fake_python: Path) -> None:
@@ -234,3 +240,46 @@ def test_extra_argument_that_would_override_the_swept_key(script: str, args: lis
     out = sweep(script, tmp_path, *args, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw", NPROC="1")
     assert_user_error(out, fragment)
     assert points(log) == [] and not (tmp_path / "sw").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_points_that_share_a_folder_are_refused(script: str, tmp_path: Path, fake_python: Path) -> None:
+    # hf-hub:timm/test_resnet and hf-hub:timm_test_resnet both became the folder lr0.1_hf-hub:timm_test_resnet:
+    # side by side the second met the first's lock; one after another it trained on the first's run
+    log = tmp_path / "argv.jsonl"
+    out = sweep(script, tmp_path, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw", NPROC="1", JOBS="2",
+                LRS="0.1", MODELS="hf-hub:timm/test_resnet hf-hub:timm_test_resnet")
+    line = assert_user_error(out, "lr0.1_hf-hub:timm/test_resnet", "lr0.1_hf-hub:timm_test_resnet",
+                             "sw/lr0.1_hf-hub:timm_test_resnet")
+    assert "one folder" in line and points(log) == [] and not (tmp_path / "sw").exists()
+
+
+CHECKER = "check_points.py"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("args, fragment", [
+    (["TRAIN.EPOCS", "3"], "TRAIN.EPOCS"),  # a typo
+    (["TRAIN.EPOCHS"], "TRAIN.EPOCHS"),  # an odd number of overrides
+    (["TRAIN.EPOCHS", "many"], "TRAIN.EPOCHS"),  # a value of the wrong type
+])
+def test_every_point_is_checked_before_any_starts(script: str, args: list[str], fragment: str, tmp_path: Path,
+                                                  fake_python: Path) -> None:
+    # used to start every point, each failing on the same mistake (exit 1 after N failures)
+    log, calls = tmp_path / "argv.jsonl", tmp_path / "calls.jsonl"
+    out = sweep(script, tmp_path, *args, PYTHON=str(fake_python), ARGV_LOG=str(log), CALL_LOG=str(calls),
+                SWEEP_ROOT="sw", NPROC="1", LRS="0.1 0.05", MODELS="a b")
+    line = assert_user_error(out, fragment)
+    assert line.startswith("sweep: point lr0.1_a: "), line
+    assert points(log) == [] and not (tmp_path / "sw").exists()
+    # one Python process built all four points' configs
+    assert sum(CHECKER in " ".join(json.loads(c)) for c in calls.read_text().splitlines()) == 1
+
+
+def test_good_points_are_checked_once_then_run(tmp_path: Path, fake_python: Path) -> None:
+    log, calls = tmp_path / "argv.jsonl", tmp_path / "calls.jsonl"
+    out = sweep("per_gpu.sh", tmp_path, "TRAIN.EPOCHS", "3", PYTHON=str(fake_python), ARGV_LOG=str(log),
+                CALL_LOG=str(calls), SWEEP_ROOT="sw", JOBS="2", LRS="0.1 0.05", MODELS="a b")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert len(points(log)) == 4
+    assert sum(CHECKER in " ".join(json.loads(c)) for c in calls.read_text().splitlines()) == 1

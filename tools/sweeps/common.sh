@@ -1,7 +1,8 @@
 # Shared helpers for the sweep scripts in this folder; `source` it, do not run it.
 # A sweep script defines NAME_points (calls `point NAME KEY VALUE...` per point; slurm.sh sources the script for
-# it, so the list lives once), then: sweep_points NAME "$@"; sweep_init NAME SLOTS; per point: `point_done NAME && continue; slot_wait; slot_run NAME CMD...`;
-# then sweep_end. SLOTS points run at once (SLOTS=1: one after another, output on the console; more: each
+# it, so the list lives once), then: sweep_points NAME "$@"; sweep_init NAME SLOTS "$@" (which also builds every
+# point's config once, in one Python process, and refuses the sweep before anything starts if one is wrong); per
+# point: `point_done NAME && continue; slot_wait; point_cmd I "$@"; slot_run NAME CMD...`; then sweep_end. SLOTS points run at once (SLOTS=1: one after another, output on the console; more: each
 # point's output goes to ROOT/logs/NAME.log). Ctrl-C or SIGTERM stops the sweep: running points get SIGTERM,
 # save their state and exit; re-running the same command continues where it stopped.
 # Lists (LRS, MODELS): `sweep_list VAR DEFAULT` gives the array ITEMS, never glob-expanded (MODELS='resnet*'
@@ -62,16 +63,28 @@ point_name() {  # TEXT: a point's folder name: TEXT with / made _ (one folder pe
 }
 
 point() {  # NAME KEY VALUE...: one point of a sweep; a sweep's SWEEP_points function calls it per point
-  POINTS+=("$(point_name "$1")")
+  local folder
+  folder=$(point_name "$1")
+  # two points in one folder: the second would meet the first's lock (busy) or its finished run, never training
+  [[ -z ${POINT_OF[$folder]+set} ]] || sweep_fail "points ${POINT_OF[$folder]} and $1 would train in one folder," \
+    "$(point_dir "$folder") (a / in a name becomes _); give values whose names differ elsewhere too"
+  POINT_OF[$folder]=$1
+  POINTS+=("$folder")
   shift
   local keys=""
   (($#)) && printf -v keys '%q ' "$@"  # quoted once here, read back by point_cmd: a value may hold spaces
   POINT_KEYS+=("$keys")
 }
 
+point_dir() {  # NAME: the folder point NAME trains in: POINT_PARENT (slurm.sh run) or ROOT, then NAME
+  echo "${POINT_PARENT:-$ROOT}/$1"
+}
+
 sweep_points() {  # SWEEP ARGS...: POINTS (folder names) and POINT_KEYS from SWEEP_points, the one list of
-  # points that the local script and slurm.sh both train
+  # points that the local script and slurm.sh both train; sets ROOT (SWEEP_ROOT or output/sweeps/SWEEP)
+  ROOT=${SWEEP_ROOT:-output/sweeps/$1}
   POINTS=() POINT_KEYS=()
+  declare -gA POINT_OF=()
   "$1_points" "${@:2}"
   ((${#POINTS[@]})) || sweep_fail "the sweep $1 has no points; give its lists at least one value each"
 }
@@ -79,15 +92,26 @@ sweep_points() {  # SWEEP ARGS...: POINTS (folder names) and POINT_KEYS from SWE
 point_cmd() {  # I EXTRA...: CMD, the train.py command line of point I (folder ROOT/NAME), EXTRA last (wins)
   local -a keys
   eval "keys=(${POINT_KEYS[$1]})"
-  CMD=("$PY" "$REPO/tools/train.py" --cfg "$CFG" "${keys[@]}" OUTPUT_DIR "$ROOT/${POINTS[$1]}" "${@:2}")
+  CMD=("$PY" "$REPO/tools/train.py" --cfg "$CFG" "${keys[@]}" OUTPUT_DIR "$(point_dir "${POINTS[$1]}")" "${@:2}")
 }
 
-sweep_init() {  # NAME SLOTS: sets ROOT (SWEEP_ROOT or output/sweeps/NAME) and the bookkeeping
+sweep_check() {  # EXTRA...: every point's config built once, in one Python process (CHECK_PATHS=0: data paths
+  # are not looked at, for slurm.sh: the compute nodes may see other files); a mistake: one line, exit 2
+  local i why opts=()
+  [[ ${CHECK_PATHS:-1} != 0 ]] || opts=(--no-paths)
+  why=$(for i in "${!POINTS[@]}"; do
+    point_cmd "$i" "$@"
+    printf '%s\0' "${POINTS[i]}" "$((${#CMD[@]} - 2))" "${CMD[@]:2}"  # name, count, train.py's arguments
+  done | "$PY" "$REPO/tools/sweeps/check_points.py" "${opts[@]}" 2>&1) || sweep_fail "${why#error: }"
+}
+
+sweep_init() {  # NAME SLOTS EXTRA...: checks the settings and every point (sweep_check), makes ROOT; bookkeeping
   ROOT=${SWEEP_ROOT:-output/sweeps/$1}
   need_count JOBS "$2"
   NSLOTS=$JOBS
   command -v "$PY" >/dev/null || sweep_fail "PYTHON=$PY is not a program found on PATH; give the interpreter"
   [[ -f $CFG ]] || sweep_fail "CFG=$CFG is not a file; give a config file, e.g. CFG=configs/digits/test_resnet.yaml"
+  sweep_check "${@:3}"
   mkdir -p -- "$ROOT" 2>/dev/null || sweep_fail "SWEEP_ROOT=$ROOT cannot be made a folder; give a folder path"
   SLOT=0 STOP=0 SKIPPED=0 SLOT_PID=() FAILED=() STOPPED=()
   declare -gA NAME_OF=()
@@ -104,7 +128,7 @@ sweep_stop() {  # on Ctrl-C/SIGTERM: ask the running points to save and exit, st
 
 point_done() {  # NAME: true when ROOT/NAME/results.json says done (checked without starting Python)
   [[ -z ${SWEEP_RECHECK:-} ]] || return 1  # SWEEP_RECHECK=1: let train.py decide (e.g. after raising EPOCHS)
-  grep -Eqs '"status"[[:space:]]*:[[:space:]]*"done"' "$ROOT/$1/results.json" || return 1
+  grep -Eqs '"status"[[:space:]]*:[[:space:]]*"done"' "$(point_dir "$1")/results.json" || return 1
   echo "sweep: skip $1 (done)"
   SKIPPED=$((SKIPPED + 1))
 }

@@ -28,7 +28,7 @@ lr_x_model_points() {  # [KEY VALUE ...]: every LR x model; the one list, also r
 [[ ${BASH_SOURCE[0]} == "$0" ]] || return 0  # sourced (by slurm.sh): the points only
 
 sweep_points lr_x_model "$@"
-sweep_init lr_x_model 1
+sweep_init lr_x_model 1 "$@"
 for i in "${!POINTS[@]}"; do
   point_done "${POINTS[i]}" && continue
   slot_wait

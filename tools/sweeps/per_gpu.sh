@@ -11,23 +11,31 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-sweep_list LRS "0.008 0.004 0.002"  # around the default CFG's AdamW LR (0.004)
-lrs=("${ITEMS[@]}")
-sweep_list MODELS "test_resnet resnet10t"
-models=("${ITEMS[@]}")
-check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
-
-gpu_list
-sweep_init per_gpu "${JOBS:-$((${#GPUS[@]} ? ${#GPUS[@]} : 1))}"
-for lr in "${lrs[@]}"; do
-  for model in "${models[@]}"; do
-    name=$(point_name "lr${lr}_${model}")
-    point_done "$name" && continue
-    slot_wait
-    device=()
-    ((${#GPUS[@]} == 0)) || device=("CUDA_VISIBLE_DEVICES=${GPUS[SLOT % ${#GPUS[@]}]}")
-    slot_run "$name" env "${device[@]}" "$PY" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" \
-      MODEL.NAME "$model" OUTPUT_DIR "$ROOT/$name" "$@"
+per_gpu_points() {  # [KEY VALUE ...]: every LR x model (the points of lr_x_model.sh, in their folders)
+  local lr model lrs models
+  sweep_list LRS "0.008 0.004 0.002"  # around the default CFG's AdamW LR (0.004)
+  lrs=("${ITEMS[@]}")
+  sweep_list MODELS "test_resnet resnet10t"
+  models=("${ITEMS[@]}")
+  check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
+  for lr in "${lrs[@]}"; do
+    for model in "${models[@]}"; do
+      point "lr${lr}_${model}" TRAIN.LR "$lr" MODEL.NAME "$model"
+    done
   done
+}
+
+[[ ${BASH_SOURCE[0]} == "$0" ]] || return 0  # sourced (by slurm.sh): the points only
+
+sweep_points per_gpu "$@"
+gpu_list
+sweep_init per_gpu "${JOBS:-$((${#GPUS[@]} ? ${#GPUS[@]} : 1))}" "$@"
+for i in "${!POINTS[@]}"; do
+  point_done "${POINTS[i]}" && continue
+  slot_wait
+  device=()
+  ((${#GPUS[@]} == 0)) || device=("CUDA_VISIBLE_DEVICES=${GPUS[SLOT % ${#GPUS[@]}]}")
+  point_cmd "$i" "$@"
+  slot_run "${POINTS[i]}" env "${device[@]}" "${CMD[@]}"
 done
 sweep_end

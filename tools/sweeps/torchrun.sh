@@ -13,11 +13,19 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-sweep_list LRS "0.008 0.004 0.002"  # around the default CFG's AdamW LR (0.004)
-lrs=("${ITEMS[@]}")
-sweep_list MODELS "test_resnet resnet10t"
-models=("${ITEMS[@]}")
-check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
+torchrun_points() {  # [KEY VALUE ...]: every LR x model (the points of lr_x_model.sh, in their folders)
+  local lr model lrs models
+  sweep_list LRS "0.008 0.004 0.002"  # around the default CFG's AdamW LR (0.004)
+  lrs=("${ITEMS[@]}")
+  sweep_list MODELS "test_resnet resnet10t"
+  models=("${ITEMS[@]}")
+  check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
+  for lr in "${lrs[@]}"; do
+    for model in "${models[@]}"; do
+      point "lr${lr}_${model}" TRAIN.LR "$lr" MODEL.NAME "$model"
+    done
+  done
+}
 
 free_port() {  # a TCP port free now and not given to a running point of this sweep
   local port
@@ -34,6 +42,9 @@ slot_devices() {  # the GPUs of slot SLOT, comma-separated: NPROC of them, wrapp
   (IFS=,; echo "${ids[*]}")
 }
 
+[[ ${BASH_SOURCE[0]} == "$0" ]] || return 0  # sourced (by slurm.sh, which runs its own srun+torchrun): the points
+
+sweep_points torchrun "$@"
 gpu_list
 NGPU=${#GPUS[@]}
 NPROC=${NPROC:-$((NGPU ? NGPU : 2))}
@@ -41,20 +52,18 @@ need_count NPROC "$NPROC"
 need_count MAX_RESTARTS "${MAX_RESTARTS:-0}" 0
 ((NGPU == 0 || NPROC <= NGPU)) ||
   sweep_fail "NPROC=$NPROC is more than the $NGPU GPU(s) found; give NPROC=$NGPU or less"
-sweep_init torchrun "${JOBS:-$((NGPU >= 2 * NPROC ? NGPU / NPROC : 1))}"
+sweep_init torchrun "${JOBS:-$((NGPU >= 2 * NPROC ? NGPU / NPROC : 1))}" "$@"
 SLOT_PORT=()
-for lr in "${lrs[@]}"; do
-  for model in "${models[@]}"; do
-    name=$(point_name "lr${lr}_${model}")
-    point_done "$name" && continue
-    slot_wait
-    SLOT_PORT[SLOT]=$(free_port)
-    device=()
-    ((NGPU == 0)) || device=("CUDA_VISIBLE_DEVICES=$(slot_devices)")
-    slot_run "$name" env "${device[@]}" "$PY" -m torch.distributed.run --nnodes=1 --nproc_per_node="$NPROC" \
-      --max-restarts="$MAX_RESTARTS" --rdzv-backend=c10d --rdzv-endpoint="localhost:${SLOT_PORT[SLOT]}" \
-      --rdzv-id="${name//[^A-Za-z0-9_.-]/_}" "$REPO/tools/train.py" --cfg "$CFG" TRAIN.LR "$lr" \
-      MODEL.NAME "$model" OUTPUT_DIR "$ROOT/$name" "$@"
-  done
+for i in "${!POINTS[@]}"; do
+  name=${POINTS[i]}
+  point_done "$name" && continue
+  slot_wait
+  SLOT_PORT[SLOT]=$(free_port)
+  device=()
+  ((NGPU == 0)) || device=("CUDA_VISIBLE_DEVICES=$(slot_devices)")
+  point_cmd "$i" "$@"
+  slot_run "$name" env "${device[@]}" "$PY" -m torch.distributed.run --nnodes=1 --nproc_per_node="$NPROC" \
+    --max-restarts="$MAX_RESTARTS" --rdzv-backend=c10d --rdzv-endpoint="localhost:${SLOT_PORT[SLOT]}" \
+    --rdzv-id="${name//[^A-Za-z0-9_.-]/_}" "${CMD[@]:1}"
 done
 sweep_end
