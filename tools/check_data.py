@@ -61,7 +61,7 @@ def read_split_shards(cfg, split: str, n_classes: int, counts: dict, bad: list, 
     shards, n = read_index(cfg, split), 0
     for url, count in zip(shards.urls, shards.counts, strict=True):
         try:
-            for sample in read_shard(url, 0, count, Patience(cfg.DATA.SHARD_RETRIES, cfg.DATA.RETRY_S)):
+            for sample in read_shard(url, 0, count, Patience(cfg.DATA.SHARD_RETRIES, cfg.DATA.RETRY_S), count):
                 n += 1
                 where = f"{url} {sample['__key__']}"
                 try:

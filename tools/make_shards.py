@@ -9,17 +9,25 @@ sample counts, so a run knows its steps per epoch before step 1) and DST/class_m
 mixed across classes with a seeded permutation (--class-order keeps them class by class: the worst case for a
 streaming shuffle). The same folder and settings give the same bytes.
 
-exit codes: 0 written; 2 bad arguments (missing SRC split or class, DST not empty, shard size below 1).
+Shards are made to be published, so only what SRC holds goes in: a symbolic link whose target is outside SRC stops
+the tool before anything is written (skipping it would publish a data set that silently lacks those samples; copy
+what belongs in SRC, or remove the link). A file that is not a decodable image (the check tools/check_data.py
+makes) is left out and named on stderr, one line each ("skipped PATH: REASON"), as training would skip it.
+
+exit codes: 0 written (files left out are named); 2 bad arguments (missing SRC split or class, DST not empty, shard
+size below 1, a link out of SRC, a split with no decodable image).
 """
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import os
 import random
 import re
 import sys
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from runner.errors import UserError, argument_error, cli
@@ -52,6 +60,36 @@ def list_split(src: Path, split: str, classes: list[str]) -> list[tuple[Path, in
     if not out:
         raise UserError(f"{src / split} holds no image files ({', '.join(IMG_EXTENSIONS)})")
     return out
+
+
+def outside_links(src: Path, samples: list[tuple[Path, int]]) -> list[tuple[Path, Path]]:
+    """(file, where it really is) of the files that resolve outside SRC (through a link to them or a folder)."""
+    top = src.resolve()
+    real = [(path, path.resolve()) for path, _ in samples]
+    return [(path, target) for path, target in real if not target.is_relative_to(top)]
+
+
+def refuse_outside_links(src: Path, splits: dict[str, list[tuple[Path, int]]]) -> None:
+    """One line naming the first file linked from outside SRC, and how many there are."""
+    found = [pair for samples in splits.values() for pair in outside_links(src, samples)]
+    if found:
+        path, target = found[0]
+        raise UserError(f"{path} links to {target}, outside SRC {src}: shards are made to be published, so only files "
+                        f"under SRC are packed ({len(found)} such file(s)); copy the ones that belong in the data "
+                        "set into SRC, or remove the links")
+
+
+def decodable(split: str, src: Path, samples: list[tuple[Path, int]]) -> tuple[list, list[str]]:
+    """The samples whose file is a decodable image, and a 'skipped PATH: REASON' line for each other one."""
+    from runner.data.folder import check_file  # tools/check_data.py's check; imports torch: after argument checks
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        reasons = list(pool.map(lambda sample: check_file(str(sample[0])), samples))
+    kept = [sample for sample, reason in zip(samples, reasons, strict=True) if reason is None]
+    if not kept:
+        raise UserError(f"{src / split} holds no decodable image: all {len(samples)} image files are unreadable "
+                        "(tools/check_data.py lists why)")
+    return kept, [f"skipped {path}: {reason}" for (path, _), reason in zip(samples, reasons, strict=True) if reason]
 
 
 def sample_key(n: int, path: Path, class_name: str) -> str:
@@ -99,12 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     if not classes:
         raise UserError(f"{src / 'train'} has no class folders")
     splits = {split: list_split(src, split, classes) for split in SPLITS}  # all checked before writing
-    for split, samples in splits.items():
+    refuse_outside_links(src, splits)
+    checked = {split: decodable(split, src, samples) for split, samples in splits.items()}
+    for split, (samples, skipped) in checked.items():
+        for line in skipped:
+            print(line, file=sys.stderr)
         if not args.class_order:
             random.Random(f"{args.seed}-{split}").shuffle(samples)
         rows = write_split(samples, classes, dst / split, split, args.shard_size)
         (dst / split / "index.json").write_text(json.dumps({"shards": rows}) + "\n")
-        print(f"{split}: {len(samples)} samples in {len(rows)} shards under {dst / split}")
+        print(f"{split}: {len(samples)} samples in {len(rows)} shards under {dst / split}"
+              + (f" ({len(skipped)} files skipped: not decodable images)" if skipped else ""))
     (dst / "class_map.json").write_text(json.dumps({str(i): c for i, c in enumerate(classes)}, indent=1) + "\n")
     return 0
 

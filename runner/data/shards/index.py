@@ -11,6 +11,7 @@ import json
 import os
 import re
 import select as _select
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -25,6 +26,10 @@ CLASS_MAP = "class_map.json"
 SPLITS = ("train", "val")
 DEFAULT_URL = "{root}/{split}/{name}"
 MAX_FETCH_S = 30.0  # the index and class map are small: a server that does not answer in this is down
+# One /-separated part of a shard or split name. A served index is data, not code, yet its names go into paths,
+# URLs and (DATA.SHARD_URL pipe:) shell commands: no shell syntax, no leading '-' (an option to the command), and
+# '.' or '..' are refused apart (a way out of DATA.ROOT)
+NAME_PART = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,24 @@ def fetch(url: str, retries: int = 3) -> bytes:
     raise UserError(f"{url} cannot be fetched after {max(1, retries)} tries ({last})")
 
 
+def check_name(name: str, what: str, where: str) -> None:
+    """Refuse a shard or split name outside the safe pattern, in one line naming `where` (the index) and it."""
+    if all(NAME_PART.fullmatch(part) and part not in (".", "..") for part in name.split("/")):
+        return
+    raise UserError(f"{where} names {what} {name!r}, which is not a safe name: names are letters, digits, '.', '_' "
+                    "and '-', with '/' between sub-folders (no part empty, '.', '..' or starting with '-'); fix the "
+                    "index or write the shards again with tools/make_shards.py")
+
+
+def shard_urls(template: str, root: str, split: str, names: list[str]) -> list[str]:
+    """DATA.SHARD_URL filled in for each name; in a pipe: command each placeholder is one quoted shell word."""
+    quote = shlex.quote if template.startswith("pipe:") else str  # names are checked too: quoting is the 2nd wall
+    try:
+        return [template.format(root=quote(root.rstrip("/")), split=quote(split), name=quote(n)) for n in names]
+    except (KeyError, IndexError, ValueError) as e:
+        raise UserError(f"DATA.SHARD_URL {template!r} takes only {{root}}, {{split}} and {{name}} ({e})") from None
+
+
 def split_url(root: str, split: str, name: str) -> str:
     """DATA.ROOT/split/name as a path or a URL."""
     return f"{root.rstrip('/')}/{split}/{name}"
@@ -211,6 +234,7 @@ def select(names: list[str], pattern: str, where: str) -> list[str]:
 def read_index(cfg: Any, split: str) -> ShardSplit:
     """The split's shards from DATA.ROOT/split/index.json, located by DATA.SHARD_URL."""
     url = split_url(cfg.DATA.ROOT, split, INDEX)
+    check_name(split, "split", url)
     raw = read_json(url, "the index", cfg.DATA.SHARD_RETRIES)
     try:
         pairs = [(str(name), int(count)) for name, count in raw["shards"]]
@@ -221,19 +245,29 @@ def read_index(cfg: Any, split: str) -> ShardSplit:
         raise UserError(f"{url} lists no shards: the {split} split is empty")
     if any(count < 0 for _, count in pairs):
         raise UserError(f"{url}: a shard has a negative sample count")
+    for name, _ in pairs:
+        check_name(name, "shard", url)
     counts = dict(pairs)
     names = select([n for n, _ in pairs], cfg.DATA.TRAIN_SHARDS, url) if split == "train" else [n for n, _ in pairs]
-    template = cfg.DATA.SHARD_URL or DEFAULT_URL
-    try:
-        urls = [template.format(root=cfg.DATA.ROOT.rstrip("/"), split=split, name=n) for n in names]
-    except (KeyError, IndexError, ValueError) as e:
-        raise UserError(f"DATA.SHARD_URL {template!r} takes only {{root}}, {{split}} and {{name}} ({e})") from None
+    urls = shard_urls(cfg.DATA.SHARD_URL or DEFAULT_URL, cfg.DATA.ROOT, split, names)
     return ShardSplit(split, urls, [counts[n] for n in names])
+
+
+def check_local_files(shards: ShardSplit, index: str) -> None:
+    """Every shard the index names that is a local path exists: said before the claim, not at the step that
+    reads it (http(s) and pipe: shards are not asked for: a request each would cost more than it tells)."""
+    local = [u for u in shards.urls if not is_remote(u) and not u.startswith("pipe:")]
+    missing = [u for u in local if not os.path.isfile(u)]
+    if missing:
+        raise UserError(f"{index} lists a shard {missing[0]} that does not exist ({len(missing)} of the "
+                        f"{len(shards.urls)} {shards.split} shards used are missing): copy them back, or write the "
+                        "shards and index again with tools/make_shards.py")
 
 
 def check_source(cfg: Any, world_size: int) -> None:
     """Everything about DATA.NAME shards that can be refused before a run writes anything: the layout's files,
-    the selection, and the stream count against the number of processes."""
+    their shard names, the local shards' presence, the selection, and the stream count against the number of
+    processes."""
     streams = cfg.DATA.SHARD_STREAMS
     if streams % world_size:
         fits = [w for w in range(1, streams + 1) if streams % w == 0]
@@ -241,8 +275,9 @@ def check_source(cfg: Any, world_size: int) -> None:
                         f"run on {', '.join(map(str, fits))} processes (SHARD_STREAMS fixes the training order: "
                         "changing it restarts the order, a resume refuses it)")
     classes = read_classes(cfg)
-    train = read_index(cfg, "train")
-    read_index(cfg, "val")
+    train, val = read_index(cfg, "train"), read_index(cfg, "val")
+    for shards in (train, val):
+        check_local_files(shards, split_url(cfg.DATA.ROOT, shards.split, INDEX))
     if train.total < streams:
         raise UserError(f"the train shards hold {train.total} samples, fewer than DATA.SHARD_STREAMS {streams}")
     if not classes:

@@ -82,10 +82,14 @@ class Patience:
         return min(left, random.SystemRandom().uniform(0.5, 1.0) * min(self.MAX_S, self.BASE_S * 2**attempt))
 
 
-def read_shard(url: str, first: int, end: int, patience: Patience) -> Iterator[Sample]:
+def read_shard(url: str, first: int, end: int, patience: Patience, count: int | None = None) -> Iterator[Sample]:
     """Samples first..end-1 of the shard at `url`; a failed fetch is retried from the next sample not yet
     yielded. A transient fault lasting DATA.RETRY_S is DataUnavailable (exit 75); UserError naming the shard when
-    it is damaged, missing, keeps failing otherwise, or is shorter than its index says."""
+    it is damaged, missing, keeps failing otherwise, or is shorter than its index says, or (read up to `count`,
+    the index's sample count) longer."""
+    whole = count is not None and end >= count  # read to where the index says the shard ends: it must end there
+    if end <= first and not whole:
+        return
     done, tries, attempt, since = first, 0, 0, None
     while True:
         try:
@@ -93,12 +97,20 @@ def read_shard(url: str, first: int, end: int, patience: Patience) -> Iterator[S
                 for i, sample in enumerate(members):
                     if i < done:
                         continue
+                    last = i + 1 >= end
+                    # to end this sample webdataset has read the next one's first member: the look costs one sample
+                    if i >= end or (last and whole and next(members, None) is not None):
+                        raise UserError(f"shard {url} holds more than the {end} samples its index gives: rewritten "
+                                        "since the index was made, or the index was edited; the rest would never "
+                                        "be trained on (tools/make_shards.py writes both)")
                     done, since, attempt = i + 1, None, 0  # progress: a later fault starts a new outage
-                    if done >= end:
+                    if last:
                         members.close()  # the rest is another stream's: release the reader before waiting here
                         yield sample
                         return
                     yield sample
+            if done >= end:  # an empty shard, as its index says
+                return
             raise UserError(f"shard {url} holds {done} samples, fewer than the {end} its index gives: truncated "
                             "or rewritten since the index was made (tools/make_shards.py writes both)")
         except tarfile.TarError as e:  # a damaged tar reads the same every time: no retry
@@ -198,7 +210,7 @@ class StreamReader:
         start, _ = self.plan.block_range(self.k, b)
         stop = (self.k + 1) * self.plan.stream_len
         for shard, first, end in self.plan.pieces(start, stop):
-            yield from read_shard(self.shards.urls[shard], first, end, self.patience)
+            yield from read_shard(self.shards.urls[shard], first, end, self.patience, self.shards.counts[shard])
 
     def block(self, b: int) -> tuple[list[Sample], list[int]]:
         """Block b's samples (in stored order) and its shuffle."""
@@ -311,7 +323,8 @@ class ValParts(IterableDataset):
         w, nw = (info.id, info.num_workers) if info else (0, 1)
         images, targets = [], []
         for s in self.mine(w, nw):
-            for sample in read_shard(self.shards.urls[s], 0, self.shards.counts[s], self.patience):
+            for sample in read_shard(self.shards.urls[s], 0, self.shards.counts[s], self.patience,
+                                     self.shards.counts[s]):
                 image = self.decoder.image(sample)
                 if image is None:
                     continue
