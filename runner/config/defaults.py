@@ -31,7 +31,9 @@ _C.MODEL.NAME = "resnet18"
 _C.MODEL.NUM_CLASSES = 10
 # Number of input image channels
 _C.MODEL.IN_CHANS = 3
-# Ask timm for pretrained weights (needs them cached locally; this machine has no internet)
+# Start from timm's pretrained weights for MODEL.NAME, read from the local Hugging Face cache only: the runner
+# never downloads (a cache miss is one error line). Fill the cache once where there is a network
+# (timm.create_model(name, pretrained=True)), or give a local file in MODEL.CHECKPOINT instead
 _C.MODEL.PRETRAINED = False
 # Local weights file to start from (a runner checkpoint or a plain state_dict); "" = none. "~" expanded;
 # relative to the current folder

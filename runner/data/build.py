@@ -86,11 +86,20 @@ def _log_eval_size(cfg: Any) -> None:
                     cfg.DATA.NAME)
 
 
+def warn_ignored_shift(cfg: Any) -> None:
+    """Image files ignore AUG.SHIFT (often inherited from an in-memory digits config): say so once."""
+    if cfg.AUG.SHIFT:
+        log.warning("DATA.NAME %s ignores AUG.SHIFT %d: it shifts in-memory images only (image files are moved "
+                    "by the random crop, AUG.SCALE and AUG.RATIO); set AUG.SHIFT 0", cfg.DATA.NAME, cfg.AUG.SHIFT)
+
+
 def build_data(cfg: Any, dist: Dist) -> DataBundle:
     """The train and val loaders for cfg.DATA.NAME."""
     t0 = time.perf_counter()
     if cfg.DATA.NAME not in IMAGE_FILE_SOURCES:
         warn_ignored_augment(cfg)
+    else:
+        warn_ignored_shift(cfg)
     bundle = SOURCES[cfg.DATA.NAME](cfg, dist)
     _log_eval_size(cfg)
     log.debug("data ready in %.2fs", time.perf_counter() - t0)

@@ -23,3 +23,10 @@ def test_help_keys_lists_a_prefix_with_defaults_and_comments():
     assert sum(not line.startswith(" ") for line in everything.splitlines()) == len(flatten(_C))
     assert_user_error(run_tool("train.py", ["--help-keys", "TRIAN"], timeout=60), "no config key starts with TRIAN",
                       "sections: MODEL, DATA")
+
+
+def test_pretrained_help_says_what_is_true_for_a_user():
+    """It spoke of the developers' machine ('this machine has no internet'); it says what the runner does."""
+    text = key_comments()["MODEL.PRETRAINED"]
+    assert "this machine" not in text and "internet" not in text
+    assert "local Hugging Face cache only" in text and "never downloads" in text and "MODEL.CHECKPOINT" in text

@@ -372,6 +372,18 @@ def test_training_with_bad_files_under_budget_completes(tree: Path, tmp_path: Pa
         assert name in log
 
 
+@pytest.mark.slow
+def test_training_says_what_the_scan_found_and_that_an_inherited_shift_is_ignored(tree: Path, tmp_path: Path):
+    """One line per split with the counts, and one warning for AUG.SHIFT 2 inherited from the digits config."""
+    cfg = write_yaml(tmp_path / "c.yaml", tree, f"_BASE_: {ROOT / 'configs' / 'digits' / 'test_resnet.yaml'}\n")
+    res = run_tool("train.py", "--cfg", str(cfg), "OUTPUT_DIR", str(tmp_path / "run"), "DATA.BAD_FILE_BUDGET", "0.1",
+                   "TRAIN.MAX_STEPS", "2", *TINY)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert " I train: 50 images in 10 classes (3 skipped)" in res.stdout, res.stdout[-3000:]
+    assert " I val: 10 images in 10 classes (0 skipped)" in res.stdout
+    assert res.stdout.count(" W DATA.NAME folder ignores AUG.SHIFT 2: it shifts in-memory images only") == 1
+
+
 def test_training_over_budget_stops_with_exit_2(tree: Path, tmp_path: Path):
     res = run_tool("train.py", "--cfg", str(write_yaml(tmp_path / "c.yaml", tree)), "OUTPUT_DIR",
                    str(tmp_path / "run"), *TINY)

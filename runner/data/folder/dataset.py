@@ -187,6 +187,7 @@ def build_folder_datasets(cfg: Any, index: FolderIndex | None = None
     """Train and val datasets for DATA.NAME folder: scan (unless given), budget check, timm transforms."""
     if index is None:
         index = scan_folder(cfg)
+    log_found(index)
     check_budget(index, cfg)
     check_classes(cfg, index.classes, f"DATA.ROOT {index.root}")
     for note in index.notes:
@@ -195,3 +196,11 @@ def build_folder_datasets(cfg: Any, index: FolderIndex | None = None
                               budget=cfg.DATA.BAD_FILE_BUDGET, known_bad=index.n_bad(split), split=split)
                 for split in SPLITS]
     return datasets[0], datasets[1], list(index.classes)
+
+
+def log_found(index: FolderIndex) -> None:
+    """One line per split of what the scan found: the first sign of a wrong DATA.ROOT or a half-copied tree."""
+    for split in SPLITS:
+        skipped = f"{index.n_bad(split)} skipped" if index.checked else "not checked: DATA.CHECK false"
+        logger.info("%s: %d images in %d classes (%s)", split, len(index.samples(split)),
+                    len(index.counts.get(split, {})), skipped)
