@@ -1,6 +1,7 @@
 """tools/sweeps/slurm.sh on a real single-node SLURM (tests/slurm_cluster.py): a throttled 4-point array,
 re-submission, preemption by `scontrol requeue` and by `scancel --signal=USR1 --full` continued bit-identically,
-a SLURM time limit with its warning signal, a bad key that fails once, a 2-process point through srun+torchrun,
+a SLURM time limit with its warning signal (and its TRAIN.TIME_LIMIT backstop on an array's last task), a data
+path that fails once, a busy folder of another config that fails, a 2-process point through srun+torchrun,
 and a point on a JPEG folder with 2 loader workers stopped by `scancel` (re-submitted) or `scontrol requeue`: SIGTERM
 to every process of the task, its workers included, saves (exit 75) and the point continues bit-identically.
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -50,6 +52,11 @@ def wait_all_ended(cluster: Cluster, timeout: float = 150) -> None:
     raise AssertionError(f"jobs left after {timeout} s:\n{cluster.run('squeue', check=False).stdout}")
 
 
+def state(out: Path) -> Path:
+    """Where `slurm.sh run ... OUTPUT_DIR out` keeps the run's logs and SLURM files: out.slurm, beside it."""
+    return out.parent / f"{out.name}.slurm"
+
+
 def events(root: Path, point: str) -> list[dict]:
     """The point's SLURM events (start/end of each task), oldest first."""
     return [json.loads(line) for line in (root / "slurm" / "events" / f"{point}.jsonl").read_text().splitlines()]
@@ -85,7 +92,7 @@ def wait_task_end(root: Path, point: str, timeout: float = 60) -> dict:
 def wait_resumed(cluster: Cluster, out: Path, since: float, timeout: float = 90) -> tuple[int, float]:
     """The step the run stopped at, and the seconds from `since` until the requeued task logged the next one."""
     end = time.monotonic() + timeout
-    log = out.parent / "logs" / f"{out.name}.log"
+    log = state(out) / "logs" / f"{out.name}.log"
     stop = None
     while time.monotonic() < end:
         cluster.release_requeued()
@@ -99,7 +106,7 @@ def wait_resumed(cluster: Cluster, out: Path, since: float, timeout: float = 90)
             except (OSError, ValueError):
                 pass
         time.sleep(0.1)
-    tasks = "".join(f.read_text() for f in sorted((out.parent / "slurm" / "logs").glob("*.out")))
+    tasks = "".join(f.read_text() for f in sorted((state(out) / "slurm" / "logs").glob("*.out")))
     raise AssertionError(f"no step after the preemption within {timeout} s:\n{log.read_text()[-1000:]}\n{tasks}"
                          f"\n{cluster.run('squeue', '-o', '%i %T %r %S', check=False).stdout}\n{cluster.logs()}")
 
@@ -203,12 +210,12 @@ def test_preempted_task_continues_exactly(slurm_cluster: Cluster, tmp_path: Path
         slurm_cluster.run("scancel", "--signal=USR1", "--full", f"{job}_0")
     stop_step, latency = wait_resumed(slurm_cluster, out, t_signal)
     wait_all_ended(slurm_cluster)
-    ev = events(out.parent, "pt")
+    ev = events(state(out), "pt")
     assert [e["event"] for e in ev] == ["start", "end", "start", "end"], ev
     assert ev[1]["action"] == ("stopped" if how == "scontrol-requeue" else "requeue"), ev[1]
     assert ev[2]["restart"] == 1 and ev[3]["action"] == "done", ev
     assert per_epoch < stop_step < 2 * per_epoch, (stop_step, per_epoch)  # mid-epoch 2
-    assert f"resumed from {out / 'checkpoints' / 'last.pth'}" in (out.parent / "logs" / "pt.log").read_text()
+    assert f"resumed from {out / 'checkpoints' / 'last.pth'}" in (state(out) / "logs" / "pt.log").read_text()
     assert_same_run(out, reference)
     print(f"{how}: from the signal to the requeued task's next step (step {stop_step + 1}): {latency:.1f} s")
 
@@ -238,8 +245,8 @@ def test_sigterm_to_every_process_with_loader_workers(slurm_cluster: Cluster, tm
     wait_step(out, per_epoch + 5)  # in epoch 2, its workers started afresh
     t_signal = time.time()
     slurm_cluster.run(*(["scancel"] if how == "scancel" else ["scontrol", "requeue"]), f"{job}_0")
-    first = wait_task_end(tmp_path, "fw")
-    assert first["action"] == "stopped" and first["rc"] == 75, f"{first}\n{task_texts(tmp_path, 'fw')[-3000:]}"
+    first = wait_task_end(state(out), "fw")
+    assert first["action"] == "stopped" and first["rc"] == 75, f"{first}\n{task_texts(state(out), 'fw')[-3000:]}"
     assert first["why"].endswith("run.json preempted"), first  # the helper's reading of run.json at the end
     if how == "scancel":
         wait_all_ended(slurm_cluster)  # cancelled: not requeued
@@ -248,7 +255,7 @@ def test_sigterm_to_every_process_with_loader_workers(slurm_cluster: Cluster, tm
         assert again.returncode == 0 and "submitted 1 point(s)" in again.stdout, again.stderr
     stop_step, latency = wait_resumed(slurm_cluster, out, t_signal)
     wait_all_ended(slurm_cluster)
-    ev, texts = events(tmp_path, "fw"), task_texts(tmp_path, "fw")
+    ev, texts = events(state(out), "fw"), task_texts(state(out), "fw")
     assert [e["event"] for e in ev] == ["start", "end", "start", "end"] and ev[3]["action"] == "done", ev
     assert "task 0: Exited with exit code 75" in texts and texts.count("received SIGTERM") == 1  # once, not per worker
     for bad in ("DataLoader worker", "killed by signal", "Traceback"):
@@ -272,7 +279,7 @@ def test_time_limit_warning_saves_requeues_and_finishes(slurm_cluster: Cluster, 
                    *TINY, WARN_SIGNAL="USR1@50")
     assert sub.returncode == 0, sub.stderr
     wait_all_ended(slurm_cluster, timeout=300)
-    ev = events(out.parent, "tl")
+    ev = events(state(out), "tl")
     ends = [e for e in ev if e["event"] == "end"]
     assert ends[0]["action"] == "requeue", ends  # stopped by the warning signal (or TRAIN.TIME_LIMIT), requeued
     assert ends[-1]["action"] == "done" and len(ends) >= 2, ends
@@ -282,16 +289,20 @@ def test_time_limit_warning_saves_requeues_and_finishes(slurm_cluster: Cluster, 
 
 
 @pytest.mark.slow
-def test_bad_key_fails_once_and_the_table_says_why(slurm_cluster: Cluster, tmp_path: Path) -> None:
-    """A point with a key that does not exist: exit 2 once, no requeue, one table line naming the key."""
+def test_bad_data_path_fails_once_and_the_table_says_why(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """A data folder the task cannot see (paths are the tasks' to check): exit 2 once, no requeue, one table line.
+
+    (A key that does not exist is now refused before submitting: test_a_wrong_point_is_refused_before_submitting.)
+    """
     out = tmp_path / "bad"
-    sub = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.NO_SUCH_KEY", "1", *TINY)
+    sub = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), "DATA.NAME", "folder", "DATA.ROOT",
+                   str(tmp_path / "no_such_data"), *TINY)
     assert sub.returncode == 0, sub.stderr
     wait_all_ended(slurm_cluster)
-    ev = events(tmp_path, "bad")
+    ev = events(state(out), "bad")
     assert [e["event"] for e in ev] == ["start", "end"] and ev[1]["action"] == "failed" and ev[1]["rc"] == 2, ev
-    row = table_rows(tmp_path)["bad"]
-    assert "| failed |" in row and "TRAIN.NO_SUCH_KEY" in row and "exit 2" in row, row
+    row = table_rows(state(out))["bad"]
+    assert "| failed |" in row and "no_such_data" in row and "exit 2" in row, row
 
 
 @pytest.mark.slow
@@ -302,10 +313,10 @@ def test_two_process_point_through_srun_and_torchrun(slurm_cluster: Cluster, tmp
                    "TRAIN.MAX_STEPS", "4", *TINY, NPROC_PER_NODE="2")
     assert sub.returncode == 0, sub.stderr
     wait_all_ended(slurm_cluster)
-    task_out = next((tmp_path / "slurm" / "logs").glob("*_0.out")).read_text()
+    task_out = next((state(out) / "slurm" / "logs").glob("*_0.out")).read_text()
     assert "1 node(s) x 2 process(es)" in task_out and "ddp: done" in task_out, task_out
     assert json.loads((out / "results.json").read_text())["status"] == "done"
-    log = (tmp_path / "logs" / "ddp.log").read_text()
+    log = (state(out) / "logs" / "ddp.log").read_text()
     assert "on cpu (2 processes)" in log, log[-2000:]
 
 
@@ -322,3 +333,133 @@ def test_bad_setting_is_one_line_before_submitting(tmp_path: Path, setting: str,
     proc = slurm_sh(None, "lr_x_model", **{"SWEEP_ROOT": str(root), "SBATCH": sys.executable, **env})
     assert_user_error(proc, fragment)
     assert not (root / "slurm").exists(), setting
+
+
+@pytest.fixture
+def fake_sbatch(tmp_path: Path) -> Path:
+    """An sbatch that records each call's argv (one JSON line in its .calls file) and answers job id 7."""
+    path = tmp_path / "sbatch"
+    path.write_text(f"#!{sys.executable}\nimport json, sys\nwith open({str(path) + '.calls'!r}, 'a') as f:\n"
+                    "    f.write(json.dumps(sys.argv[1:]) + '\\n')\nprint(7)\n")
+    path.chmod(0o755)
+    return path
+
+
+def sbatch_calls(fake: Path) -> list[list[str]]:
+    """The argv of every call of the fake sbatch."""
+    calls = Path(f"{fake}.calls")
+    return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+@pytest.mark.parametrize("args, env, fragments", [
+    (["lr_x_model", "TRAIN.EPOCS", "3"], {}, ["point lr0.1_test_resnet", "TRAIN.EPOCS"]),  # a typo
+    (["lr_x_model", "TRAIN.EPOCHS", "3", "DATA.IMG_SIZE"], {}, ["DATA.IMG_SIZE"]),  # an odd number of overrides
+    (["lr_x_model"], {"MODELS": "hf-hub:timm/test_resnet hf-hub:timm_test_resnet"},
+     ["lr0.1_hf-hub:timm/test_resnet and lr0.1_hf-hub:timm_test_resnet", "one folder",
+      "s/lr0.1_hf-hub:timm_test_resnet"]),
+    (["run", "--cfg", CFG, "OUTPUT_DIR", "OUT", "TRAIN.LR", "fast"], {}, ["TRAIN.LR expects a number"]),
+])
+def test_a_wrong_point_is_refused_before_submitting(tmp_path: Path, fake_sbatch: Path, args: list[str], env: dict,
+                                                    fragments: list[str]) -> None:
+    """Used to submit the array and the table job (exit 0); every task then failed in the queue."""
+    root = tmp_path / "s"
+    args = [str(tmp_path / "r" / "run1") if a == "OUT" else a for a in args]
+    proc = slurm_sh(None, *args, **{"SWEEP_ROOT": str(root), "SBATCH": str(fake_sbatch), "LRS": "0.1 0.05", **env})
+    assert_user_error(proc, *fragments)
+    assert sbatch_calls(fake_sbatch) == [] and not (root / "slurm").exists() and not (tmp_path / "r").exists()
+
+
+def test_unknown_sweep_lists_only_sweeps(tmp_path: Path, fake_sbatch: Path) -> None:
+    """`slurm.sh nosuch` offered common and slurm (helper files) as sweeps."""
+    line = assert_user_error(slurm_sh(None, "nosuch", SBATCH=str(fake_sbatch)), "nosuch is not a sweep")
+    offered = line.split("give one of: ")[1].split(";")[0].split()
+    assert offered == ["lr_x_model", "per_gpu", "torchrun", "or", "run"], line
+
+
+def test_single_run_keeps_its_slurm_files_in_its_own_folder(tmp_path: Path, fake_sbatch: Path) -> None:
+    """`slurm.sh run ... OUTPUT_DIR runs/r1` wrote logs/ and slurm/ into runs/, beside the user's other runs."""
+    runs = tmp_path / "runs"
+    (runs / "mine").mkdir(parents=True)
+    proc = slurm_sh(None, "run", "--cfg", CFG, "OUTPUT_DIR", str(runs / "r1"), *TINY, SBATCH=str(fake_sbatch))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in runs.iterdir()) == ["mine", "r1.slurm"], proc.stdout
+    assert {p.name for p in (runs / "r1.slurm").iterdir()} == {"logs", "slurm"}
+    manifest = next((runs / "r1.slurm" / "slurm").glob("submit-*.tsv")).read_text()
+    assert f"OUTPUT_DIR {runs / 'r1'} " in manifest and len(sbatch_calls(fake_sbatch)) == 2
+
+
+def markdown_names(table: str) -> list[str]:
+    """The run names of a markdown table, top to bottom."""
+    return [c[2].strip().strip("*") for c in (line.split("|") for line in table.splitlines())
+            if len(c) > 3 and c[2].strip() not in ("run", "---", "")]
+
+
+@pytest.mark.slow
+def test_last_task_of_an_array_gets_the_time_limit(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """Two points side by side with --time=5: both get TRAIN.TIME_LIMIT, the last one too; the table hides it.
+
+    SLURM gives the array's last task the array's own job id, for which `squeue -j` listed every task: the time
+    left was not found and that point had no backstop (and the table showed TRAIN.TIME_LIMIT as a swept column).
+    """
+    root = tmp_path / "tl2"
+    sub = slurm_sh(slurm_cluster, "--time=5", "lr_x_model", "TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "4", *TINY,
+                   SWEEP_ROOT=str(root), LRS="0.1 0.05", MODELS="test_resnet")
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.split("array job ")[1].split()[0]
+    wait_all_ended(slurm_cluster)
+    points = ["lr0.1_test_resnet", "lr0.05_test_resnet"]
+    evs = {p: events(root, p) for p in points}
+    assert max_overlap([(e[0]["t"], e[-1]["t"]) for e in evs.values()]) == 2, evs  # the others still running
+    assert any(e[0]["job"] == job for e in evs.values()), evs  # one task ran under the array's own id
+    for p in points:
+        limit = re.search(r"TIME_LIMIT: '?(\d+)", (root / p / "config.yaml").read_text())
+        assert limit and 200 < int(limit.group(1)) < 300, (p, evs[p])  # 5 min left: a tenth below
+        assert evs[p][0]["injected"] == ["TRAIN.TIME_LIMIT"] and evs[p][-1]["action"] == "done", evs[p]
+    table = (root / "slurm" / "table.md").read_text()
+    assert "TIME_LIMIT" not in table, table  # the launcher's key, not a swept one
+    local = subprocess.run([sys.executable, str(ROOT / "tools" / "summarize.py"), str(root)], capture_output=True,
+                           text=True, check=True).stdout
+    assert markdown_names(table) == markdown_names(local), (table, local)  # the same default order
+    by_name = slurm_sh(slurm_cluster, "table", str(root), "--sort", "run", "--asc")
+    assert by_name.returncode == 0 and markdown_names(by_name.stdout) == sorted(points), by_name.stdout
+    assert_user_error(slurm_sh(slurm_cluster, "table", str(root), "--sort", "nosuch"), "--sort 'nosuch'")
+
+
+@pytest.mark.slow
+def test_busy_folder_of_another_config_fails(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """A second submission naming a running run's folder with another config fails; it used to exit 0 as busy."""
+    out = tmp_path / "pt"
+    first = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), *LONG)
+    assert first.returncode == 0, first.stderr
+    wait_step(out, 5)
+    second = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), *LONG, "TRAIN.LR", "0.0123")
+    assert second.returncode == 0, second.stderr
+    job = second.stdout.split("array job ")[1].split()[0]
+    end = wait_task_end(state(out), "pt")  # the first end: the second task's, the first still trains
+    assert end["action"] == "failed" and end["rc"] == 2 and "TRAIN.LR" in end["why"], end
+    assert "JobState=FAILED" in slurm_cluster.run("scontrol", "show", "job", f"{job}_0").stdout
+    slurm_cluster.cancel_all()
+
+
+def helper_end(tmp_path: Path, out: Path, *train_args: str) -> list[str]:
+    """slurm_helper.py end for a task of `out` whose train.py said the folder is in use (exit 2)."""
+    log = tmp_path / "task.log"
+    log.write_text(f"error: {out} is in use by a running job (pid 1 on node); wait for it or choose another\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "sweeps" / "slurm_helper.py"), "end",
+                           str(tmp_path / "ev.jsonl"), str(out), str(log), "2", "", "--", *train_args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split("\t")
+
+
+def test_busy_is_a_failure_when_the_folder_holds_another_config(tmp_path: Path) -> None:
+    """The task's own config against the folder's config.yaml: another config fails, the same one is busy."""
+    out = tmp_path / "run"
+    out.mkdir()
+    shown = subprocess.run([sys.executable, TRAIN, "--cfg", CFG, "OUTPUT_DIR", str(out), "--print-config"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT, check=True).stdout
+    (out / "config.yaml").write_text(shown)
+    action, why = helper_end(tmp_path, out, "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.LR", "0.0123")
+    assert action == "failed" and "holds another config's run" in why and "TRAIN.LR" in why, why
+    action, _ = helper_end(tmp_path, out, "--cfg", CFG, "OUTPUT_DIR", str(out), "TRAIN.TIME_LIMIT", "100")
+    assert action == "busy"

@@ -4,13 +4,15 @@
 #   [sweep settings: SWEEP_ROOT LRS MODELS CFG PYTHON] [THROTTLE=T] [WARN_SIGNAL=USR1@120] [NPROC_PER_NODE=n] \
 #     tools/sweeps/slurm.sh [--SBATCH-OPTION=VALUE ...] SWEEP [KEY VALUE ...]
 #   tools/sweeps/slurm.sh [--SBATCH-OPTION=VALUE ...] run --cfg FILE OUTPUT_DIR DIR [KEY VALUE ...]   (one run)
-#   tools/sweeps/slurm.sh table ROOT                                   (the table, with each point's SLURM story)
+#   tools/sweeps/slurm.sh table ROOT [--sort KEY] [--asc|--desc]   (the table, with each point's SLURM story)
 # sbatch options (--partition=, --account=, --time=, --nodes=, --gpus-per-node=, --qos=, --constraint=, ...)
 # reach sbatch unchanged; write them as --name=value. THROTTLE: at most T tasks at once (--array=...%T).
 # WARN_SIGNAL: SIG@SECONDS before the time limit (USR1 or USR2) to the batch shell, which passes USR1 on to the
 # training processes; they save and exit 75 and the task requeues itself. NPROC_PER_NODE: processes per node
 # (default: the GPUs per node, else 1); above 1 or with --nodes above 1 each node runs torchrun through srun.
-# SBATCH names the sbatch program (default sbatch). See docs/SWEEPS.md, "On a SLURM cluster".
+# SBATCH names the sbatch program (default sbatch). Every point's config is built once before anything is
+# submitted (data paths are left to the tasks). A single run keeps its SLURM files in DIR.slurm beside DIR.
+# See docs/SWEEPS.md, "On a SLURM cluster".
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
@@ -18,6 +20,15 @@ source "$HERE/common.sh"
 slurm_fail() {  # MESSAGE: one line on stderr, exit 2, nothing submitted
   echo "slurm: $*" >&2
   exit 2
+}
+
+sweep_names() {  # the sweeps of this folder: each file NAME.sh that defines NAME_points
+  local f name
+  for f in "$HERE"/*.sh; do
+    name=$(basename -- "$f" .sh)
+    grep -q "^${name}_points() *{" -- "$f" && printf '%s ' "$name"
+  done
+  return 0
 }
 
 SBATCH_OPTS=()
@@ -28,13 +39,13 @@ while (($#)) && [[ $1 == -* ]]; do
   shift
 done
 (($#)) || slurm_fail "no sweep named; usage: tools/sweeps/slurm.sh [--SBATCH-OPTION=VALUE ...] SWEEP|run [...]" \
-  "(sweeps: $(cd "$HERE" && grep -l '_points()' -- *.sh | sed 's/\.sh$//' | tr '\n' ' '))"
+  "(sweeps: $(sweep_names))"
 SWEEP=$1
 shift
 
 if [[ $SWEEP == table ]]; then
-  (($# == 1)) || slurm_fail "table takes one argument, the sweep's root folder (e.g. output/sweeps/lr_x_model)"
-  exec "$PY" "$HERE/slurm_helper.py" table "$1"
+  (($#)) || slurm_fail "table needs the sweep's root folder (e.g. output/sweeps/lr_x_model), then [--sort KEY]"
+  exec "$PY" "$HERE/slurm_helper.py" table "$@"
 fi
 
 if [[ $SWEEP == run ]]; then  # one training run: an array of one, its folder is OUTPUT_DIR
@@ -54,16 +65,15 @@ if [[ $SWEEP == run ]]; then  # one training run: an array of one, its folder is
   done
   [[ -n $out ]] || slurm_fail "run needs OUTPUT_DIR DIR among its KEY VALUE pairs (the run's folder, e.g." \
     "OUTPUT_DIR output/run1): the requeued task resumes from it"
-  SWEEP_ROOT=$(dirname -- "$out")
+  POINT_PARENT=$(dirname -- "$out")  # the run trains in OUTPUT_DIR; its logs and SLURM files go to DIR.slurm,
+  SWEEP_ROOT=$out.slurm              # not into the parent folder beside the user's other runs
   run_points() { point "$(basename -- "$out")"; }  # the folder is the point
   set -- "${run_args[@]}"
 else
-  [[ -f $HERE/$SWEEP.sh && $SWEEP != slurm && $SWEEP != common ]] ||
-    slurm_fail "$SWEEP is not a sweep of tools/sweeps/ (give one of: $(cd "$HERE" && grep -l '_points()' -- *.sh |
-      sed 's/\.sh$//' | tr '\n' ' ')or run)"
+  [[ " $(sweep_names) " == *" $SWEEP "* ]] ||
+    slurm_fail "$SWEEP is not a sweep of tools/sweeps/ (give one of: $(sweep_names)or run; a sweep NAME.sh" \
+      "defines NAME_points)"
   source "$HERE/$SWEEP.sh"
-  declare -F "${SWEEP}_points" >/dev/null ||
-    slurm_fail "tools/sweeps/$SWEEP.sh defines no ${SWEEP}_points function, so its points cannot be read"
 fi
 
 # every setting is checked before anything is submitted
@@ -80,7 +90,7 @@ if [[ -n ${SLURM_CONF:-} ]]; then
     slurm_fail "SLURM_CONF=$SLURM_CONF is not a readable file; give the cluster's slurm.conf or unset SLURM_CONF"
 fi
 sweep_points "$SWEEP" "$@"
-sweep_init "$SWEEP" 1 >/dev/null
+CHECK_PATHS=0 sweep_init "$SWEEP" 1 "$@" >/dev/null  # every point's config, before anything is submitted
 trap - INT TERM  # nothing runs here: sweep_init's stop trap has nothing to stop
 
 todo=()
@@ -98,7 +108,7 @@ manifest="$ROOT/slurm/submit-$(date +%Y%m%d-%H%M%S)-$$.tsv"
 for i in "${todo[@]}"; do
   point_cmd "$i" "$@"
   printf -v line '%q ' "${CMD[@]:1}"  # the interpreter is the task's own PYTHON (and torchrun's)
-  printf '%s\t%s\t%s\n' "${POINTS[i]}" "$ROOT" "$line"
+  printf '%s\t%s\t%s\t%s\n' "${POINTS[i]}" "$ROOT" "$(point_dir "${POINTS[i]}")" "$line"
 done >"$manifest"
 
 n=${#todo[@]}

@@ -1,10 +1,13 @@
 """The parts of tools/sweeps/slurm.sh that are hard in shell: what an ended array task does next, the job's time
 left as TRAIN.TIME_LIMIT, and the sweep's table with each point's SLURM history.
 
-  slurm_helper.py start EVENTS                 note a task's start (EVENTS: ROOT/slurm/events/POINT.jsonl)
-  slurm_helper.py end EVENTS OUT LOG RC SIGNAL  note its end; print the action (done|requeue|busy|failed) and why
+  slurm_helper.py start EVENTS [--injected KEY ...]  note a task's start (EVENTS: ROOT/slurm/events/POINT.jsonl)
+                                                and the keys the launcher added to its command line
+  slurm_helper.py end EVENTS OUT LOG RC SIGNAL -- TRAIN_ARGS...  note its end; print the action
+                                                (done|requeue|busy|failed) and why
   slurm_helper.py time-limit LEFT              squeue's %L (time left) as TRAIN.TIME_LIMIT seconds, or nothing
-  slurm_helper.py table ROOT [--out FILE]      tools/summarize.py's table plus 'slurm' (requeues, why a point failed)
+  slurm_helper.py table ROOT [--sort KEY] [--asc|--desc] [--out FILE]  tools/summarize.py's table (the same
+                                                default order) plus 'slurm' (requeues, why a point failed)
 """
 from __future__ import annotations
 
@@ -72,7 +75,24 @@ def run_status(out: Path, since: float) -> dict:
     return obj if isinstance(obj, dict) else {}
 
 
-def decide(events: list[dict], out: Path, log: Path, rc: int, signalled: str) -> tuple[str, str]:
+def other_config(out: Path, train_args: list[str]) -> str:
+    """The run-changing keys in which OUT's run (config.yaml, else the claim's run.json) differs from ours; ''."""
+    from runner import runstate
+    from runner.config import load_config
+
+    stored = out / "config.yaml"
+    text = stored.read_text() if stored.is_file() else (runstate.read_json(out / "run.json") or {}).get("config")
+    if not isinstance(text, str) or not train_args:
+        return ""
+    try:
+        cfg, _ = load_config(train_args, check_paths=False)
+        return "; ".join(runstate.changed_run_keys(cfg, text))
+    except (UserError, ValueError) as e:
+        return f"unreadable: {e}"
+
+
+def decide(events: list[dict], out: Path, log: Path, rc: int, signalled: str,
+           train_args: list[str] | None = None) -> tuple[str, str]:
     """What an ended task does next, and why: torchrun reports 1 for a worker's 75, so run.json decides too."""
     start = next((e["t"] for e in reversed(events) if e.get("event") == "start"), 0.0)
     status = run_status(out, start).get("status", "")
@@ -82,11 +102,14 @@ def decide(events: list[dict], out: Path, log: Path, rc: int, signalled: str) ->
             return "done", "finished"
     error = last_error(log)
     if rc == 2 and BUSY in error:
+        other = other_config(out, train_args or [])
+        if other:  # not this point's run: this point never trains (two submissions named one folder)
+            return "failed", f"{out} holds another config's run ({other}), in use: {error}"
         return "busy", f"another task trains this point ({error})"
     if signalled == "TERM":  # SLURM ended the job (scontrol requeue, scancel, the time limit): it decides
         return "stopped", f"stopped by SLURM (SIGTERM), exit {rc}, run.json {status or '-'}"
     if rc == PREEMPTED or status == "preempted":
-        if (events_stop := out.parent / "slurm" / "STOP").exists():
+        if (events_stop := log.parent.parent / "slurm" / "STOP").exists():
             return "stopped", f"saved; not requeued: {events_stop} exists"
         why = f"saved and stopped on SIG{signalled}" if signalled else "saved and stopped"
         return "requeue", why
@@ -109,20 +132,61 @@ def time_limit(left: str) -> str:
     return str(max(10, int(min(seconds - 30, seconds * 0.9))))
 
 
-def table(root: Path) -> str:
-    """summarize's markdown table for ROOT, with a 'slurm' column; points that never made a folder get a row."""
-    from runner.summary import Row, best_index, sort_rows, summarize, to_markdown
+def manifest_folders(root: Path) -> dict[str, Path]:
+    """Point name -> run folder from ROOT's submissions, for runs outside ROOT (`slurm.sh run`: DIR.slurm's DIR)."""
+    folders = {}
+    for manifest in sorted((root / "slurm").glob("submit-*.tsv")):
+        for line in manifest.read_text(errors="replace").splitlines():
+            fields = line.split("\t")
+            if len(fields) == 4 and Path(fields[2]).parent != Path(fields[1]):
+                folders[fields[0]] = Path(fields[2])
+    return folders
+
+
+def point_rows(root: Path) -> list:
+    """summarize's rows of ROOT's runs, and of each run of ROOT's submissions that lives elsewhere."""
+    from runner.summary import summarize
 
     rows = summarize(root)
+    for name, folder in manifest_folders(root).items():
+        for row in summarize(folder) if folder.is_dir() else []:
+            row["run"] = name if row["run"] == "." else f"{name}/{row['run']}"
+            rows.append(row)
+    keys = {k for row in rows for k in row}  # runs summarized apart may differ in their key columns
+    for row in rows:
+        for key in keys - set(row):
+            row[key] = None
+    return rows
+
+
+def hide_injected(rows: list, injected: dict[str, set[str]]) -> None:
+    """Drop key columns that only the launcher set (TRAIN.TIME_LIMIT from the job's time left): not swept keys."""
+    from runner.summary import default_values
+
+    defaults = default_values()
+    for key in set().union(*injected.values()):
+        if all(row.get(key) in (None, defaults.get(key)) or key in injected.get(Path(row["run"]).name, ())
+               for row in rows):
+            for row in rows:
+                row.pop(key, None)
+
+
+def table(root: Path, sort: str = "", descending: bool = True) -> str:
+    """summarize's markdown table for ROOT, with a 'slurm' column; points that never made a folder get a row."""
+    from runner.summary import DEFAULT_SORT, RESULT_COLUMNS, Row, best_index, sort_rows, to_markdown
+
+    rows = point_rows(root)
     by_name = {Path(r["run"]).name: r for r in rows}
+    injected: dict[str, set[str]] = {}
     for path in sorted((root / "slurm" / "events").glob("*.jsonl")):
         events = read_events(path)
+        injected[path.stem] = {k for e in events if e.get("event") == "start" for k in e.get("injected", [])}
         ends = [e for e in events if e.get("event") == "end"]
         requeues = sum(1 for e in ends if e.get("action") == "requeue")
         last = ends[-1] if ends else {}
         row = by_name.get(path.stem)
-        if row is None:  # stopped before its folder existed (a bad key): the reason is only in our events
-            row = Row(run=path.stem, **{k: None for k in (rows[0] if rows else {}) if k not in ("run",)})
+        if row is None:  # stopped before its folder existed (a bad path): the reason is only in our events
+            row = Row(run=path.stem, **{k: None for k in (rows[0] if rows else RESULT_COLUMNS) if k != "run"})
             row.config_known = False
             row.update(status="failed" if last.get("action") == "failed" else "pending", note="")
             rows.append(row)
@@ -137,15 +201,23 @@ def table(root: Path) -> str:
         row.setdefault("slurm", "")
     if not rows:
         return f"no runs under {root}\n"
-    rows = sort_rows(rows, "run", descending=False)
+    hide_injected(rows, injected)
+    if sort and sort not in rows[0]:
+        raise UserError(f"--sort {sort!r} is not a column; columns: {', '.join(rows[0])}")
+    rows = sort_rows(rows, sort or DEFAULT_SORT, descending)
     return to_markdown(rows, best_index(rows))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line (see the module's docstring)."""
+    """The command line (see the module's docstring); an end's train.py arguments come after --."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("start").add_argument("events", type=Path)
+    start = sub.add_parser("start")
+    start.add_argument("events", type=Path)
+    start.add_argument("--injected", nargs="*", default=[], metavar="KEY")
     end = sub.add_parser("end")
     for name in ("events", "out", "log"):
         end.add_argument(name, type=Path)
@@ -154,11 +226,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sub.add_parser("time-limit").add_argument("left")
     tab = sub.add_parser("table")
     tab.add_argument("root", type=Path)
+    tab.add_argument("--sort", default="", metavar="KEY", help="column to sort by (default: tools/summarize.py's)")
+    order = tab.add_mutually_exclusive_group()
+    order.add_argument("--desc", dest="descending", action="store_true", default=True, help="largest first")
+    order.add_argument("--asc", dest="descending", action="store_false", help="smallest first")
     tab.add_argument("--out", type=Path, help="also write the table to this file")
     parser.error = argument_error
     for p in sub.choices.values():
         p.error = argument_error
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.train_args = train_args
+    return args
 
 
 @cli
@@ -166,9 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand."""
     args = parse_args(argv)
     if args.cmd == "start":
-        append_event(args.events, event="start", host=os.uname().nodename)
+        append_event(args.events, event="start", host=os.uname().nodename,
+                     **({"injected": args.injected} if args.injected else {}))
     elif args.cmd == "end":
-        action, why = decide(read_events(args.events), args.out, args.log, args.rc, args.signalled)
+        action, why = decide(read_events(args.events), args.out, args.log, args.rc, args.signalled, args.train_args)
         append_event(args.events, event="end", rc=args.rc, action=action, why=why)
         print(f"{action}\t{why}")
     elif args.cmd == "time-limit":
@@ -176,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.root.is_dir():
             raise UserError(f"ROOT {args.root} is not a folder; give the sweep's root (SWEEP_ROOT)")
-        text = table(args.root)
+        text = table(args.root, args.sort, args.descending)
         sys.stdout.write(text)
         if args.out:
             args.out.write_text(text)

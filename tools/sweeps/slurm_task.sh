@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One array task of tools/sweeps/slurm.sh (sbatch runs a copy of this file, so the folder comes as argument):
 #   slurm_task.sh TOOLS_SWEEPS_DIR MANIFEST
-# Trains line SLURM_ARRAY_TASK_ID of MANIFEST (point, root, train.py arguments) through srun: one process, or
+# Trains line SLURM_ARRAY_TASK_ID of MANIFEST (point, root, run folder, train.py arguments) through srun: one process, or
 # one torchrun per node with the c10d rendezvous on the allocation's first node. The warning signal (USR1 or
 # USR2 to this shell) goes on to the training processes as USR1: they save and exit 75, and this task requeues
 # its own array element, which then resumes from the checkpoint. Exit 76 (hung) is requeued once; other
@@ -11,19 +11,26 @@ HERE=$1 MANIFEST=$2
 PY=${PYTHON:-python}
 HELPER=("$PY" "$HERE/slurm_helper.py")
 task=${SLURM_ARRAY_TASK_ID:-0}
-IFS=$'\t' read -r name root quoted < <(sed -n "$((task + 1))p" "$MANIFEST")
-[[ -n ${name:-} ]] || { echo "slurm task: line $((task + 1)) of $MANIFEST is missing" >&2; exit 2; }
+IFS=$'\t' read -r name root out quoted < <(sed -n "$((task + 1))p" "$MANIFEST")
+[[ -n ${quoted:-} ]] || { echo "slurm task: line $((task + 1)) of $MANIFEST is missing" >&2; exit 2; }
 eval "args=($quoted)"
-out=$root/$name log=$root/logs/$name.log events=$root/slurm/events/$name.jsonl
+log=$root/logs/$name.log events=$root/slurm/events/$name.jsonl
 if [[ -e $root/slurm/STOP ]]; then
   echo "slurm task: $name not started: $root/slurm/STOP exists (the sweep was stopped; re-submit to go on)"
   exit 0
 fi
 
-# TRAIN.TIME_LIMIT from the job's time left: a backstop where the warning signal does not come in time
-left=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %L 2>/dev/null) || left=""
+# TRAIN.TIME_LIMIT from the job's time left: a backstop where the warning signal does not come in time. The
+# task's own id: the last task of an array has the array's job id, which squeue -j expands to every task
+self=${SLURM_JOB_ID:-0}
+[[ -z ${SLURM_ARRAY_JOB_ID:-} ]] || self=${SLURM_ARRAY_JOB_ID}_$task
+left=$(squeue -h -j "$self" -o %L 2>/dev/null) || left=""
 limit=$("${HELPER[@]}" time-limit "${left:-UNLIMITED}")
-[[ -z $limit || " ${args[*]} " == *" TRAIN.TIME_LIMIT "* ]] || args+=(TRAIN.TIME_LIMIT "$limit")
+injected=()  # keys this launcher set, not the user: the table does not show them as swept
+if [[ -n $limit && " ${args[*]} " != *" TRAIN.TIME_LIMIT "* ]]; then
+  args+=(TRAIN.TIME_LIMIT "$limit")
+  injected=(--injected TRAIN.TIME_LIMIT)
+fi
 
 nodes=${SLURM_JOB_NUM_NODES:-1}
 gpus=${SLURM_GPUS_PER_NODE:-}
@@ -40,7 +47,7 @@ fi
 mkdir -p "$root/logs"
 echo "slurm task: $name, job ${SLURM_JOB_ID:-?} (array ${SLURM_ARRAY_JOB_ID:-?}_$task, restart" \
   "${SLURM_RESTART_COUNT:-0}), $nodes node(s) x $nproc process(es), log $log"
-"${HELPER[@]}" start "$events"
+"${HELPER[@]}" start "$events" "${injected[@]}"
 
 signalled="" interrupted=0
 forward() {  # SIG: the warning signal or a scancel --signal: every training process saves and stops
@@ -63,7 +70,7 @@ while [[ -z $rc ]]; do
   ((interrupted)) || rc=$r  # a trap cut the wait short: the step still runs (or its status is kept for wait)
 done
 
-IFS=$'\t' read -r action why < <("${HELPER[@]}" end "$events" "$out" "$log" "$rc" "$signalled")
+IFS=$'\t' read -r action why < <("${HELPER[@]}" end "$events" "$out" "$log" "$rc" "$signalled" -- "${args[@]:1}")
 echo "slurm task: $name: ${action:-failed} (${why:-the helper gave no answer})"
 case ${action:-failed} in
   requeue)
