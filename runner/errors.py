@@ -90,6 +90,14 @@ def cli(main: Callable[..., int | None]) -> Callable[..., None]:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr, flush=True)
             sys.exit(EXIT_INTERRUPTED)
+        except RuntimeError as e:  # a tool other than train.py meets a torchvision of another torch at its import
+            from runner.compat import torchvision_mismatch
+
+            mismatch = torchvision_mismatch(e)
+            if mismatch is None:
+                raise
+            print(f"error: {mismatch}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_USER)
         sys.exit(code or 0)
 
     return wrapper

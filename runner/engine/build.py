@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from runner import distributed, runstate, threads
+from runner.compat import import_torchvision
 from runner.data import build_data
 from runner.data.loaders import epoch_seed
 from runner.distill import distillation_loss
@@ -228,6 +229,7 @@ def build_trainer(cfg, hparam_keys: list[str] | None = None, *, hooks: list[Hook
     `hparam_keys`: the keys set on the command line (a sweep's swept keys), for TensorBoard's HParams tab.
     """
     t_start = time.time()
+    import_torchvision()  # timm imports it while the run is built: a mismatched build is refused before the claim
     closers = []
     if dist is None:
         dist = distributed.setup(cfg)
