@@ -6,6 +6,7 @@ The trackers are read back with their own means: MLflow's MlflowClient, and W&B'
 from __future__ import annotations
 
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -239,3 +240,160 @@ def test_trackers_off_import_neither_library(tmp_path):
                            capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
     assert later.returncode == 0 and later.stdout.strip(), later.stderr[-3000:]  # importable when asked for
     assert (tmp_path / "run" / "results.json").exists() and not (tmp_path / "run" / "trackers.json").exists()
+
+
+def unusable_stores(tmp_path: Path) -> dict[str, str]:
+    """LOG.MLFLOW_URI values whose store cannot work, each made for real under tmp_path."""
+    (tmp_path / "folder.db").mkdir()
+    (tmp_path / "text.db").write_text("not a database\n" * 100)
+    (tmp_path / "a-file").write_text("")
+    return {"sqlite on a folder": f"sqlite:///{tmp_path / 'folder.db'}",
+            "sqlite on a text file": f"sqlite:///{tmp_path / 'text.db'}",
+            "file: under a file": f"file:{tmp_path / 'a-file' / 'mlruns'}",
+            "path under a file": str(tmp_path / "a-file" / "mlruns")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["sqlite on a folder", "sqlite on a text file", "file: under a file",
+                                  "path under a file"])
+def test_mlflow_unusable_store_is_one_line_in_seconds(tmp_path, case):
+    """A store that cannot work: exit 2 with one stderr line naming LOG.MLFLOW_URI, in seconds (mlflow's
+    own retry loop sat 106 s and printed 36 warning lines), OUTPUT_DIR not claimed."""
+    out, uri = tmp_path / "run", unusable_stores(tmp_path)[case]
+    start = time.monotonic()
+    r = run_tool("train.py", [*CFG, *TINY, "OUTPUT_DIR", str(out), "LOG.MLFLOW_URI", uri], timeout=60,
+                 env=tracker_env(tmp_path))
+    took = time.monotonic() - start
+    assert_user_error(r, "LOG.MLFLOW_URI", uri)
+    assert took < 10, took
+    assert not out.exists()
+
+
+def test_mlflow_unwritable_store_folder_is_refused(tmp_path):
+    """A sqlite file or file: store in a folder this user cannot write to: refused at the check."""
+    from runner.config import load_config
+    from runner.errors import UserError
+    from runner.trackers import check_trackers
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("this user (root) writes into a read-only folder")
+        for uri in (f"sqlite:///{folder / 'x.db'}", f"file:{folder / 'mlruns'}"):
+            cfg = load_config([*CFG, "LOG.MLFLOW_URI", uri, "OUTPUT_DIR", str(tmp_path / "run")])[0]
+            with pytest.raises(UserError, match="not writable"):
+                check_trackers(cfg)
+    finally:
+        folder.chmod(0o700)
+
+
+@pytest.mark.parametrize("out, want", [("output/x-lr=0.1", "x-lr=0.1"), ("output/digits/test_resnet", "digits"),
+                                       ("output/sweeps/lr_x_model/lr0.008_resnet10t", "lr_x_model"),
+                                       ("/scratch/me/runs/a", "runs")])
+def test_mlflow_default_experiment_name(out, want):
+    """OUTPUT_DIR's parent folder (a sweep's folder); a run right in output/ gets its own folder's name."""
+    from runner.trackers.mlflow_sink import experiment_name
+
+    assert experiment_name(Path(out)) == want
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_http(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Poll `url` until it answers 200; fail at once with the server's output if the server exits."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited {proc.returncode}:\n{proc.stdout.read()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)  # polling the port: not yet listening
+    pytest.fail(f"{url} did not answer in {timeout} s")
+
+
+def post_json(url: str, body: dict) -> dict:
+    """POST a JSON body; the JSON answer."""
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_mlflow_ui_serves_the_run_and_its_artifacts(tmp_path):
+    """The README's way: a run into sqlite:///, then `mlflow ui --backend-store-uri` on 127.0.0.1 serves the
+    UI page and the run over HTTP (REST search, and the client through the server), config.yaml and
+    results.json as the run's artifacts; the log says once where MLflow logs; a run right in output/ lands
+    in an experiment named after its own folder."""
+    out, uri = tmp_path / "output" / "tiny", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    r = run_tool("train.py", [*CFG, *TINY, "TRAIN.MAX_STEPS", "4", "OUTPUT_DIR", str(out), "LOG.MLFLOW_URI", uri],
+                 env=tracker_env(tmp_path))
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
+    client, run = mlflow_run(uri)
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "tiny"
+    said = [line for line in r.stdout.splitlines() if " MLflow: " in line]
+    assert len(said) == 1 and f"experiment 'tiny', run {run.info.run_id} at {uri}" in said[0], said
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host",
+                               "127.0.0.1", "--port", str(port), "--workers", "1"], cwd=tmp_path,
+                              env=tracker_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    try:
+        wait_for_http(f"{base}/health", server)
+        import urllib.request
+
+        with urllib.request.urlopen(base + "/", timeout=30) as page:
+            assert "<html" in page.read().decode().lower()  # the UI itself, not only the REST API
+        found = post_json(f"{base}/api/2.0/mlflow/runs/search", {"experiment_ids": [run.info.experiment_id]})
+        assert [x["info"]["run_id"] for x in found["runs"]] == [run.info.run_id]
+        remote = mlflow_tracking.MlflowClient(tracking_uri=base)
+        assert remote.get_run(run.info.run_id).data.params["MODEL.NAME"] == "resnet10t"
+        assert sorted(a.path for a in remote.list_artifacts(run.info.run_id)) == ["config.yaml", "results.json"]
+        got = Path(remote.download_artifacts(run.info.run_id, "results.json", str(tmp_path)))
+        assert json.loads(got.read_text()) == json.loads((out / "results.json").read_text())
+        got = Path(remote.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path)))
+        assert got.read_text() == (out / "config.yaml").read_text()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its workers: the session it was started in
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        server.stdout.close()
+
+
+@pytest.mark.slow
+def test_mlflow_artifact_that_cannot_be_logged_warns_once(tmp_path):
+    """The experiment's artifact folder lies under a plain file: one warning in log.txt, the metrics and
+    results still reach MLflow and the run finishes."""
+    out, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "a-file").write_text("")
+    store = mlflow_tracking.MlflowClient(tracking_uri=uri)
+    store.create_experiment("blocked", artifact_location=f"file:{tmp_path / 'a-file' / 'artifacts'}")
+    r = run_tool("train.py", [*CFG, *TINY, "TRAIN.MAX_STEPS", "4", "OUTPUT_DIR", str(out), "LOG.MLFLOW_URI", uri,
+                              "LOG.MLFLOW_EXPERIMENT", "blocked"], env=tracker_env(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    warned = [line for line in (out / "log.txt").read_text().splitlines() if "MLflow:" in line and " W " in line]
+    assert len(warned) == 1 and "artifact" in warned[0], warned
+    _, run = mlflow_run(uri)
+    assert run.info.status == "FINISHED" and run.data.tags["result.status"] == "done"
+    assert "train/loss" in run.data.metrics
