@@ -203,7 +203,7 @@ def test_a_broken_store_warns_once_and_the_run_finishes(tmp_path):
         trainer.close()
     assert results["status"] == "done" and results["step"] == 6
     assert json.loads((out / "results.json").read_text())["step"] == 6
-    warnings = [line for line in (out / "log.txt").read_text().splitlines() if "MLflow:" in line]
+    warnings = [line for line in (out / "log.txt").read_text().splitlines() if " W MLflow:" in line]
     assert len(warnings) == 1 and "the run goes on without MLflow" in warnings[0], warnings
 
 
