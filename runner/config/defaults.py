@@ -101,7 +101,9 @@ _C.DATA.REPEATED_AUG = 1
 # DATA.NAME shards (webdataset tar shards, KEY.jpg + KEY.cls, as tools/make_shards.py writes them): DATA.ROOT (a
 # folder or an http(s) base URL) holds class_map.json and {train,val}/index.json (shard names, sample counts).
 # Where each shard is read from: a template with {root}, {split}, {name}: a path, an http(s) URL or webdataset's
-# pipe:COMMAND (e.g. "pipe:aws s3 cp s3://bucket/{split}/{name} -"); "" = {root}/{split}/{name}
+# pipe:COMMAND (e.g. "pipe:aws s3 cp s3://bucket/{split}/{name} -"; a shell command from the config: a config file
+# is code to trust; each placeholder is quoted as one shell word, so do not quote it yourself); "" =
+# {root}/{split}/{name}
 _C.DATA.SHARD_URL = ""
 # Train shards to use: a brace pattern of shard names ("train-{000000..000099}.tar", several joined by ::);
 # "" = every shard in the train index
@@ -318,7 +320,8 @@ _C.LOG.WANDB_TAGS = ()
 _C.LOG.WANDB_MODE = "online"
 # MLflow tracking URI (pip install -e ".[mlflow]"): "" = off; file:/path or sqlite:///path.db need no server
 _C.LOG.MLFLOW_URI = ""
-# MLflow experiment; "" = the name of OUTPUT_DIR's parent folder (all points of a sweep in one experiment)
+# MLflow experiment; "" = the name of OUTPUT_DIR's parent folder (all points of a sweep in one experiment), or of
+# OUTPUT_DIR itself when its parent is output/ (a single run)
 _C.LOG.MLFLOW_EXPERIMENT = ""
 
 # ---------------------------------------------------------------------------------------------------------
