@@ -84,7 +84,10 @@ def test_a_mistake_every_rank_meets_is_said_once(tmp_path):
         return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
     assert errors("BAD.KEY", "1") == ["error: unknown config key BAD.KEY on the command line"]
-    built = errors("DATA.BATCH_SIZE", "100000", "DATA.NUM_WORKERS", "0")
+    known = errors("DATA.BATCH_SIZE", "100000", "DATA.NUM_WORKERS", "0")  # digits' size is known before the claim
+    assert len(known) == 1 and "is larger than the training split of DATA.NAME digits" in known[0], known
+    jpegs = export_digits_jpegs(tmp_path / "jpegs", size=8, per_class=3)  # a folder's is known once it is built
+    built = errors("DATA.NAME", "folder", "DATA.ROOT", str(jpegs), "DATA.NUM_WORKERS", "0")
     assert len(built) == 1 and "gives 0 batches per process" in built[0], built
 
 
