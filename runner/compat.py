@@ -6,24 +6,24 @@ import re
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from runner.errors import UserError
-
 REINSTALL = ("reinstall both from the same index: pip install --force-reinstall torch torchvision (with the "
              "--index-url torch came from, e.g. https://download.pytorch.org/whl/cpu)")
 
 
-def import_torchvision() -> None:
-    """Import torchvision (timm imports it) before a run claims its folder; a build for another torch is a UserError."""
+def import_torchvision() -> str | None:
+    """Import torchvision (timm imports it) before a run claims its folder: None, or the one line saying that it
+    is built for another torch (the caller raises it as a user mistake)."""
     try:
         import torchvision  # noqa: F401
     except RuntimeError as e:
-        error = torchvision_mismatch(e)
-        if error is None:
+        line = torchvision_mismatch(e)
+        if line is None:
             raise
-        raise error from None
+        return line
+    return None
 
 
-def torchvision_mismatch(error: BaseException) -> UserError | None:
+def torchvision_mismatch(error: BaseException) -> str | None:
     """The one line for torchvision's 'operator torchvision::nms does not exist', else None.
 
     torchvision registers its C++ operators with torch as it is imported; a torchvision built against another
@@ -33,8 +33,8 @@ def torchvision_mismatch(error: BaseException) -> UserError | None:
     if not isinstance(error, RuntimeError) or "torchvision::" not in text or "does not exist" not in text:
         return None
     first = text.splitlines()[0][:120]
-    return UserError(f"torch {_version('torch')} and torchvision {_version('torchvision')} do not match "
-                     f"(importing torchvision failed: {first}); {REINSTALL}")
+    return (f"torch {_version('torch')} and torchvision {_version('torchvision')} do not match "
+            f"(importing torchvision failed: {first}); {REINSTALL}")
 
 
 def _version(package: str) -> str:

@@ -229,7 +229,9 @@ def build_trainer(cfg, hparam_keys: list[str] | None = None, *, hooks: list[Hook
     `hparam_keys`: the keys set on the command line (a sweep's swept keys), for TensorBoard's HParams tab.
     """
     t_start = time.time()
-    import_torchvision()  # timm imports it while the run is built: a mismatched build is refused before the claim
+    mismatch = import_torchvision()  # timm imports it while the run is built: refused before the claim
+    if mismatch is not None:
+        raise UserError(mismatch)
     closers = []
     if dist is None:
         dist = distributed.setup(cfg)

@@ -82,6 +82,22 @@ class Patience:
         return min(left, random.SystemRandom().uniform(0.5, 1.0) * min(self.MAX_S, self.BASE_S * 2**attempt))
 
 
+def _ride_out(url: str, reason: str, patience: Patience, since: float | None, attempt: int) -> float:
+    """A transient fault: back off, then return when the outage began; DataUnavailable once it has lasted
+    DATA.RETRY_S."""
+    since = time.monotonic() if since is None else since
+    left = since + patience.retry_s - time.monotonic()
+    if left <= 0:
+        raise DataUnavailable(
+            f"shard {url} is unavailable: {reason}, for {time.monotonic() - since:.0f} s (DATA.RETRY_S "
+            f"{patience.retry_s:g}); stopped as preempted: rerun the same command to continue once the data "
+            "server is back") from None
+    if attempt == 0:
+        log.warning("shard %s: %s; retrying for up to DATA.RETRY_S %g s", url, reason, patience.retry_s)
+    time.sleep(patience.backoff(attempt, left))
+    return since
+
+
 def read_shard(url: str, first: int, end: int, patience: Patience, count: int | None = None) -> Iterator[Sample]:
     """Samples first..end-1 of the shard at `url`; a failed fetch is retried from the next sample not yet
     yielded. A transient fault lasting DATA.RETRY_S is DataUnavailable (exit 75); UserError naming the shard when
@@ -124,16 +140,7 @@ def read_shard(url: str, first: int, end: int, patience: Patience, count: int | 
                     raise UserError(f"shard {url} cannot be read after {tries} tries ({e.reason})") from None
                 time.sleep(0.2 * 2**tries)
                 continue
-            since = time.monotonic() if since is None else since
-            left = since + patience.retry_s - time.monotonic()
-            if left <= 0:
-                raise DataUnavailable(
-                    f"shard {url} is unavailable: {e.reason}, for {time.monotonic() - since:.0f} s "
-                    f"(DATA.RETRY_S {patience.retry_s:g}); stopped as preempted: rerun the same command to continue "
-                    "once the data server is back") from None
-            if attempt == 0:
-                log.warning("shard %s: %s; retrying for up to DATA.RETRY_S %g s", url, e.reason, patience.retry_s)
-            time.sleep(patience.backoff(attempt, left))
+            since = _ride_out(url, e.reason, patience, since, attempt)
             attempt += 1
         except (OSError, ValueError, EOFError) as e:
             tries += 1
