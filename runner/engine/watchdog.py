@@ -145,6 +145,9 @@ def relay_failure(error: BaseException) -> None:
         if board.rank == 0:
             board.post_verdict(code, f"rank 0: {line}")
         else:  # exiting before rank 0 has read it would break its collective first, with a traceback of its own
+            ended = board.verdict()
+            if ended is not None:  # the job already ended (rank 0 reported a hang): this error is its echo
+                _exit(ended[0])
             # rank 0 exits once it has reported this line, and torchrun then SIGTERMs this rank: it exits with
             # its own code anyway, so the signal may not cut it short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
