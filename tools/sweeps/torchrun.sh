@@ -13,19 +13,9 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-torchrun_points() {  # [KEY VALUE ...]: every LR x model (the points of lr_x_model.sh, in their folders)
-  local lr model lrs models
-  sweep_list LRS "0.008 0.004 0.002"  # around the default CFG's AdamW LR (0.004)
-  lrs=("${ITEMS[@]}")
-  sweep_list MODELS "test_resnet resnet10t"
-  models=("${ITEMS[@]}")
-  check_extra TRAIN.LR=LRS MODEL.NAME=MODELS -- "$@"
-  for lr in "${lrs[@]}"; do
-    for model in "${models[@]}"; do
-      point "lr${lr}_${model}" TRAIN.LR "$lr" MODEL.NAME "$model"
-    done
-  done
-}
+# the points of lr_x_model.sh (sourced, it only defines them), in their folders
+source "$(dirname "${BASH_SOURCE[0]}")/lr_x_model.sh"
+torchrun_points() { lr_x_model_points "$@"; }  # [KEY VALUE ...]: every LR x model
 
 free_port() {  # a TCP port free now and not given to a running point of this sweep
   local port
