@@ -351,7 +351,9 @@ def stop_signals_held() -> Iterator[None]:
 
 def iter_workers(loader: Iterable) -> Iterator:
     """iter(loader), with the stop signals held back while it starts worker processes: a worker never dies of
-    one before it has set itself to ignore it."""
+    one before it has set itself to ignore it. Without workers nothing starts, and nothing is held back."""
+    if not getattr(loader, "num_workers", 0):
+        return iter(loader)
     with stop_signals_held():
         return iter(loader)
 
