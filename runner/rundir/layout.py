@@ -1,0 +1,34 @@
+"""The run folder's layout: every file and folder name a run writes, defined once (torch-free).
+
+Tools, the summary, the trackers and the sweep scripts name these constants (or read through
+`runner.rundir.reader`), never a string literal of their own.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+RUN_JSON = "run.json"  # the marker (whose folder, which format) and the run's status
+RESULTS = "results.json"  # written once, when the run is done
+METRICS = "metrics.jsonl"  # one JSON object per logged step or evaluation
+LOG = "log.txt"  # the console's lines, and tracebacks
+CONFIG = "config.yaml"  # the frozen config the run trains with
+ENV = "env.txt"  # versions, devices, environment
+CLASS_MAP = "class_map.json"  # {"0": "cat", ...} for folder and shard data
+TRACKERS = "trackers.json"  # the trackers' own run ids, so a resumed run continues the same tracker run
+LOCK = "run.lock"  # held while a job owns the folder
+CHECKPOINTS = "checkpoints"  # step_N.pth, last.pth, best.pth
+LAST = "last.pth"
+BEST = "best.pth"
+HANG = "hang"  # each live rank's stacks when a job hung
+PROFILE = "profile"  # PROFILE.* traces
+
+
+def path(out: str | os.PathLike, name: str) -> Path:
+    """OUTPUT_DIR/name."""
+    return Path(out) / name
+
+
+def checkpoints(out: str | os.PathLike) -> Path:
+    """OUTPUT_DIR/checkpoints."""
+    return Path(out) / CHECKPOINTS
