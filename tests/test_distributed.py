@@ -57,10 +57,25 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float = 150) -> str:
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        left = process_table(proc.pid)
         kill_tree(proc.pid)
         proc.wait()
-        pytest.fail(f"torchrun did not finish in {timeout}s:\n{log.read_text()[-3000:]}")
+        pytest.fail(f"torchrun did not finish in {timeout}s; its processes then:\n{left}\n{log.read_text()[-3000:]}")
     return log.read_text()
+
+
+def process_table(launcher: int) -> str:
+    """One line per live process below `launcher`: pid, state, RANK and command (what a stuck job was doing)."""
+    rows = []
+    for pid in descendants(launcher):
+        st = proc_stat(pid)
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+            rank = proc_env(pid).get("RANK", "-")
+        except OSError:
+            continue
+        rows.append(f"  pid {pid} state {st[0] if st else '?'} RANK {rank}: {cmd}")
+    return "\n".join(rows) or "  (none)"
 
 
 def descendants(pid: int) -> list[int]:

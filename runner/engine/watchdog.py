@@ -11,6 +11,7 @@ is killed so that nothing is left behind (torchrun would wait 30 s before killin
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -372,7 +373,9 @@ class Watchdog(Hook):
         if self.board is not None:
             self.board.post_verdict(EXIT_HUNG, text)
         self._report(text, frozen)
-        _kill_frozen(frozen, beats)
+        killed = _kill_frozen(frozen, beats)
+        if killed:  # where they went: torchrun, seeing one exit, would otherwise wait 30 s for the frozen ones
+            log_to_file(f"killed the frozen {killed}")
         _exit(EXIT_HUNG)
 
     def _report(self, text: str, frozen: list[int]) -> None:
@@ -421,22 +424,31 @@ def _timed_out(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text)
 
 
-def _kill_frozen(frozen: list[int], beats: dict[int, list[str]]) -> None:
-    """SIGKILL the frozen ranks on this host (they can run no code; torchrun would wait 30 s to kill them)."""
-    host = socket.gethostname()
+def _kill_frozen(frozen: list[int], beats: dict[int, list[str]]) -> str:
+    """SIGKILL the frozen ranks on this host (they can run no code; torchrun would wait 30 s to kill them);
+    what was done, in words."""
+    host, done = socket.gethostname(), []
     for r in frozen:
         beat = beats.get(r)
-        if beat is not None and len(beat) == 4 and beat[2] == host:
-            try:
-                os.kill(int(beat[3]), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, ValueError):
-                pass
+        if beat is None or len(beat) != 4 or beat[2] != host:
+            done.append(f"rank {r}: not on this host or no heartbeat ({' '.join(beat or ['none'])}), left to torchrun")
+            continue
+        try:
+            os.kill(int(beat[3]), signal.SIGKILL)
+            done.append(f"rank {r} (pid {beat[3]})")
+        except (ProcessLookupError, PermissionError, ValueError) as e:
+            done.append(f"rank {r} (pid {beat[3]}): {e}")
+    return "; ".join(done)
 
 
 def _exit(code: int) -> None:
     """End the process now, whatever its main thread is stuck in, once what was written is flushed."""
-    for handler in log.handlers:
-        handler.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for handler in log.handlers:  # the streams, not handler.flush(): a lock the stuck thread holds never frees
+        stream = getattr(handler, "stream", None)
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(code)

@@ -50,6 +50,15 @@ def _wait_training(proc: subprocess.Popen, out: Path, log: Path) -> None:
         time.sleep(0.2)
 
 
+def _diagnosis(out: Path) -> str:
+    """The tail of log.txt and rank 0's stacks, for a job that did not end in time."""
+    parts = []
+    for name in ("log.txt", "hang/rank0.txt"):
+        path = out / name
+        parts.append(f"--- {name}:\n" + (path.read_text(errors="replace")[-4000:] if path.is_file() else "(none)"))
+    return "\n".join(parts)
+
+
 @pytest.mark.slow
 def test_frozen_rank_ends_job_with_stacks_and_resumes(tmp_path):
     out, log = tmp_path / "out", tmp_path / "run.log"
@@ -65,7 +74,10 @@ def test_frozen_rank_ends_job_with_stacks_and_resumes(tmp_path):
         frozen = workers[1]
         os.kill(frozen, signal.SIGSTOP)
         t0 = time.monotonic()
-        finish(proc, log, timeout=HANG_S + 30)
+        try:
+            finish(proc, log, timeout=HANG_S + 30)
+        except pytest.fail.Exception as e:  # what the job's own files say about where it stopped
+            pytest.fail(f"{e}\n{_diagnosis(out)}")
         elapsed = time.monotonic() - t0
     finally:
         if frozen is not None and proc_stat(frozen) is not None and proc_stat(frozen)[0] != "Z":
