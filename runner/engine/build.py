@@ -44,8 +44,7 @@ from runner.lock import RunLock
 from runner.model import build_model, compiler, prepare_model
 from runner.optim import build_optimizer, build_scheduler
 from runner.profiler import build_profiler
-from runner.sinks import MetricWriter, run_hparams, setup_logging
-from runner.trackers import check_trackers
+from runner.sinks import MetricWriter, check_sinks, run_hparams, setup_logging
 
 log = logging.getLogger("runner")
 
@@ -186,8 +185,8 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
     world = dist.world_size
     banner = (f"training {cfg.MODEL.NAME} on {dist.device} ({world} process{'es' if world > 1 else ''}): "
               f"{cfg.TRAIN.EPOCHS} epochs x {trainer.steps_per_epoch} steps, batch {cfg.DATA.BATCH_SIZE} per process")
-    metrics = MetricLogger(cfg.LOG.PERIOD, cfg.TRAIN.EPOCHS, dist, banner=banner, open_writer=lambda step: (
-        MetricWriter(str(out), cfg, step, main, trainer.total_steps, status.hparams)))
+    metrics = MetricLogger(cfg.LOG.PERIOD, dist, banner=banner, open_writer=lambda step: (
+        MetricWriter(str(out), cfg, step, main, trainer.total_steps, status.hparams, t_start=trainer.t_start)))
     evaluator = Evaluator(trainer.data.val, cfg.EVAL.PERIOD, dist, metrics, trainer.stepper.autocast,
                           compile_fn=compiler(cfg) if cfg.MODEL.COMPILE else None)
     from runner.config import dump_config
@@ -267,7 +266,7 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -
     status = RunStatus(out, dist, t_start, epochs=cfg.TRAIN.EPOCHS, max_steps=cfg.TRAIN.MAX_STEPS,
                        hparams=run_hparams(cfg, list(hparam_keys or [])))
     setup_logging(None, dist.rank)  # the console only, until the folder is known to be ours
-    check_trackers(cfg, dist, control)  # a tracker's store that cannot be opened is refused before the claim
+    check_sinks(cfg, dist, control)  # a tracker's store that cannot be opened is refused before the claim
     done, found, attempt = claim_output_dir(cfg, dist, control, lock, status)
     if done is not None:
         lock.release()

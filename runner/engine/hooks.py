@@ -100,15 +100,14 @@ class Profiler(Hook):
 class MetricLogger(Hook):
     """Windows of LOG.PERIOD steps: loss, LR, img/s and data wait, written to every sink (rank 0)."""
 
-    def __init__(self, period: int, epochs: int, dist: Dist, open_writer: Callable[[int], MetricWriter],
-                 banner: str = ""):
-        """`open_writer(resume_step)` opens the sinks (console, metrics.jsonl, TensorBoard) at the loop's start."""
-        self.period, self.epochs, self.dist = period, epochs, dist
+    def __init__(self, period: int, dist: Dist, open_writer: Callable[[int], MetricWriter], banner: str = ""):
+        """`open_writer(resume_step)` opens the sinks (runner.sinks: metrics.jsonl, TensorBoard, trackers, the
+        console's line) at the loop's start."""
+        self.period, self.dist = period, dist
         self.open_writer = open_writer
         self.banner = banner
         self.writer: MetricWriter | None = None
         self.throughput = [0, 0.0]  # images and seconds over every logged window, across resumes
-        self.start_step = 0
         self.window = (0.0, 0, 0, 0.0)  # perf_counter, step, images and data wait at the window's start
 
     def before_train(self, trainer) -> None:
@@ -116,7 +115,6 @@ class MetricLogger(Hook):
         if self.banner:
             log.info(self.banner)
         self.writer = self.open_writer(trainer.step)
-        self.start_step = trainer.step
         self.reset(trainer)
 
     def before_epoch(self, trainer) -> None:
@@ -149,16 +147,11 @@ class MetricLogger(Hook):
         trainer.stepper.reset_loss()
 
     def log_window(self, trainer) -> None:
-        """Read the window's loss (the one host sync), reduce it across ranks, write the scalars."""
+        """Read the window's loss (the one host sync), reduce it across ranks, write the scalars (the console's
+        training line is one of the sinks: runner.sinks.console)."""
         epoch = epoch_of_last_step(trainer)
         trainer.stepper.check_finite(epoch)
-        scalars = self._scalars(trainer)
-        self.write(trainer.step, epoch, scalars)
-        eta = self.writer.eta(trainer.step, self.start_step, time.time() - trainer.t_start)
-        shown = (f"loss {scalars['train/loss']:.4f} lr {scalars['train/lr']:.3g} "
-                 f"img/s {scalars['train/img_per_s']:.0f}")
-        self.writer.console(f"epoch {epoch}/{self.epochs} step {trainer.step}/{trainer.total_steps} {shown} eta {eta}",
-                            step=trainer.step, postfix=shown, epoch=f"epoch {epoch}/{self.epochs}")
+        self.write(trainer.step, epoch, self._scalars(trainer))
         self.reset(trainer)
 
     def _scalars(self, trainer) -> dict[str, float]:

@@ -7,6 +7,7 @@ well. The run's config.yaml and results.json are its artifacts (beside a sqlite 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import tempfile
@@ -15,30 +16,42 @@ import urllib.parse
 import warnings
 from pathlib import Path
 
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
 from runner.errors import UserError, one_line
+from runner.rundir import layout
+from runner.sinks.base import SinkContext
+from runner.sinks.tracker import TrackerSink, flat_config, group_name, logged_rows, run_name
+
+log = logging.getLogger("runner")
 
 # The first contact (check) gives up in seconds: a server that does not answer, or a database that cannot be
 # opened, is a user mistake said at once. The user's own values of these variables win.
 _FIRST_CONTACT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
-_USER_SET = {k for k in _FIRST_CONTACT if k in os.environ}
 # While the run logs, a server that stalls a while is waited for, but not for MLflow's minutes of retries
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+_WHILE_LOGGING = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 _DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # the SQLAlchemy stores MLflow opens (scheme[+driver])
 
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
 
-from runner.trackers import Tracker as BaseTracker  # noqa: E402
-from runner.trackers import flat_config, group_name, logged_rows, run_name  # noqa: E402
+@functools.cache
+def _user_set() -> frozenset[str]:
+    """The HTTP variables the user set (their values win), as found before this module first sets any."""
+    return frozenset(k for k in _FIRST_CONTACT if k in os.environ)
 
-log = logging.getLogger("runner")
 
-# MLflow reports its database migrations at INFO on stderr, and its SQLAlchemy use warns of deprecations:
-# a run's console carries only its own lines
-for _name in ("mlflow", "alembic"):
-    logging.getLogger(_name).setLevel(logging.WARNING)
-warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow(\.|$)")
+def _settle() -> None:
+    """This process's MLflow settings, made when the sink is checked or built (importing this module sets
+    nothing): the logging HTTP limits (a user's own values kept), and MLflow's chatter off the console."""
+    _user_set()  # the user's values, known before any of ours is set
+    for key, value in _WHILE_LOGGING.items():
+        os.environ.setdefault(key, value)
+    # MLflow reports its database migrations at INFO on stderr, and its SQLAlchemy use warns of deprecations:
+    # a run's console carries only its own lines
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow(\.|$)")
+
 
 # MLflow's limits per log_batch call
 _METRICS_PER_BATCH = 1000
@@ -118,7 +131,7 @@ def check_local(uri: str) -> None:
 def first_contact():
     """HTTP requests that give up in seconds, and MLflow's warnings kept off the console, for the check."""
     saved = {k: os.environ.get(k) for k in _FIRST_CONTACT}
-    os.environ.update({k: v for k, v in _FIRST_CONTACT.items() if k not in _USER_SET})
+    os.environ.update({k: v for k, v in _FIRST_CONTACT.items() if k not in _user_set()})
     mlflow_log = logging.getLogger("mlflow")
     level = mlflow_log.level
     mlflow_log.setLevel(logging.ERROR)
@@ -132,6 +145,7 @@ def first_contact():
 def check(cfg) -> None:
     """Open the store now: a URI that cannot be opened is a user mistake (exit 2), before the run claims anything."""
     uri = cfg.LOG.MLFLOW_URI
+    _settle()
     try:
         with first_contact():
             check_local(uri)
@@ -157,7 +171,7 @@ def artifact_root(uri: str) -> str | None:
     return (path.resolve().parent / "mlartifacts").as_uri() if kind == "sqlite" else None
 
 
-class Tracker(BaseTracker):
+class MlflowSink(TrackerSink):
     """One MLflow run: every scalar at its step, the config as parameters, the results at the end."""
 
     name = "mlflow"
@@ -190,7 +204,7 @@ class Tracker(BaseTracker):
             self.client.log_batch(self.run_id, params=params[i:i + _PARAMS_PER_BATCH])
         experiment = self.client.get_experiment(self.client.get_run(self.run_id).info.experiment_id).name
         log.info("MLflow: experiment %r, run %s at %s", experiment, self.run_id, self.cfg.LOG.MLFLOW_URI)
-        self.artifact("config.yaml")
+        self.artifact(layout.CONFIG)
         return {"id": self.run_id, "uri": self.cfg.LOG.MLFLOW_URI}
 
     def artifact(self, name: str) -> None:
@@ -237,6 +251,12 @@ class Tracker(BaseTracker):
     def end(self, done: bool) -> None:
         """results.json as an artifact and FINISHED when the run completed; KILLED when it stopped (a resume sets
         it running again)."""
-        if done and (self.out / "results.json").is_file():
-            self.artifact("results.json")
+        if done and layout.path(self.out, layout.RESULTS).is_file():
+            self.artifact(layout.RESULTS)
         self.client.set_terminated(self.run_id, status="FINISHED" if done else "KILLED")
+
+
+def open_sink(ctx: SinkContext) -> MlflowSink | None:
+    """The MLflow sink of this run (its process settings made first); None when its run cannot start."""
+    _settle()
+    return MlflowSink.open(ctx)

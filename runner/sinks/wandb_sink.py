@@ -14,8 +14,7 @@ from pathlib import Path
 import wandb
 
 from runner.errors import one_line
-from runner.trackers import Tracker as BaseTracker
-from runner.trackers import flat_config, group_name, logged_rows, run_name
+from runner.sinks.tracker import TrackerSink, flat_config, group_name, logged_rows, run_name
 
 log = logging.getLogger("runner")
 
@@ -29,7 +28,7 @@ def check(cfg) -> None:
     """Nothing to open before the claim: the mode is checked with the config, credentials at the start."""
 
 
-class Tracker(BaseTracker):
+class WandbSink(TrackerSink):
     """One W&B run: every scalar at its step, the config, the results as its summary."""
 
     name = "wandb"
@@ -99,3 +98,6 @@ class Tracker(BaseTracker):
     def end(self, done: bool) -> None:
         """Finish the run: complete, or stopped (marked failed until a resume continues it)."""
         self.run.finish(exit_code=0 if done else 1)
+
+
+open_sink = WandbSink.open

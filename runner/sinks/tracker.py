@@ -1,109 +1,58 @@
-"""Experiment trackers (W&B, MLflow): sinks of runner.sinks.MetricWriter, one module per tracker.
+"""What the experiment trackers (W&B, MLflow) share as sinks: rows sent only once a checkpoint covers them, the
+tracker's run id in OUTPUT_DIR/trackers.json, every library call guarded.
 
-A tracker receives the rows metrics.jsonl gets, but only once a checkpoint covers them (MetricWriter.flush
-runs right before each save): a killed run never sent a step its resume will log again, so a resumed run
-continues the same tracker run with no step twice, as metrics.jsonl is truncated. The tracker's run id and
-the last step it was sent live in OUTPUT_DIR/trackers.json. A tracker that fails warns once and is dropped;
-the run goes on. Neither library is imported unless its tracker is on.
+A tracker receives the rows metrics.jsonl gets, but only once a checkpoint covers them (Sink.flush runs right
+before each save): a killed run never sent a step its resume will log again, so a resumed run continues the
+same tracker run with no step twice, as metrics.jsonl is truncated. The tracker's run id and the last step it
+was sent live in OUTPUT_DIR/trackers.json. A tracker that fails warns once and is dropped; the run goes on.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from pathlib import Path
 
-from runner.errors import UserError, one_line
+from runner.errors import one_line
 from runner.fsutil import atomic_write
+from runner.rundir import layout, reader
+from runner.sinks.base import Sink, SinkContext
 
 log = logging.getLogger("runner")
-
-STATE_FILE = "trackers.json"
-
-# Tracker name -> (is it on in this config, its module: check(cfg) before the claim, Tracker(cfg, out, params))
-TRACKERS = {
-    "wandb": (lambda cfg: bool(cfg.LOG.WANDB), "runner.trackers.wandb_sink", "wandb"),
-    "mlflow": (lambda cfg: bool(cfg.LOG.MLFLOW_URI), "runner.trackers.mlflow_sink", "mlflow"),
-}
-
-
-def _modules(cfg) -> list:
-    """The modules of the trackers this config turns on (importing each one's library)."""
-    found = []
-    for is_on, module, extra in TRACKERS.values():
-        if not is_on(cfg):
-            continue
-        try:
-            found.append(importlib.import_module(module))
-        except ImportError as e:
-            raise UserError(f"the {extra} tracker needs a package that is missing ({e.name}): "
-                            f"pip install -e '.[{extra}]'") from None
-    return found
-
-
-def check_trackers(cfg, dist=None, group=None) -> None:
-    """Refuse (UserError) a tracker that is not installed or cannot open its store, before OUTPUT_DIR is claimed.
-
-    Rank 0 checks (only it logs to trackers; ranks opening one new store at once would race); with `dist` a
-    job's other ranks learn the refusal over `group` (the control group), not from a timeout.
-    """
-    if not any(is_on(cfg) for is_on, _, _ in TRACKERS.values()):
-        return
-    error = None
-    if dist is None or dist.is_main:
-        try:
-            for module in _modules(cfg):
-                module.check(cfg)
-        except UserError as e:
-            error = str(e)
-    if dist is not None and dist.distributed:
-        from runner.distributed import broadcast_object
-
-        error = broadcast_object(error, group)
-    if error:
-        raise UserError(error)
-
-
-def open_trackers(cfg, out: Path, resume_step: int, params: dict | None = None) -> list[Tracker]:
-    """The trackers this config turns on, continuing the run in trackers.json when resuming from a checkpoint."""
-    trackers = []
-    for module in _modules(cfg):
-        tracker = module.Tracker(cfg, Path(out), dict(params or {}))
-        if tracker.open(resume_step):
-            trackers.append(tracker)
-    return trackers
 
 
 def read_state(out: Path) -> dict:
     """OUTPUT_DIR/trackers.json: per tracker, its run id and the last step it was sent; {} when absent."""
-    try:
-        return json.loads((Path(out) / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    return reader.read_object(out, layout.TRACKERS)[0] or {}
 
 
-class Tracker:
+class TrackerSink(Sink):
     """Buffers rows until a checkpoint covers them; every call into the library is guarded (warns once)."""
 
     name = ""  # the key in trackers.json
     label = ""  # the name in messages
 
-    def __init__(self, cfg, out: Path, params: dict):
-        """`params`: the keys TensorBoard's HParams shows (a sweep's swept keys), for tags."""
-        self.cfg, self.out, self.params = cfg, out, params
+    def __init__(self, ctx: SinkContext):
+        """`ctx.params`: the keys TensorBoard's HParams shows (a sweep's swept keys), for tags."""
+        self.cfg, self.out, self.params = ctx.cfg, Path(ctx.out), dict(ctx.params)
+        self.resume_step = ctx.resume_step
         self.rows: list[tuple[int, int, dict]] = []
         self.sent = 0  # the last step the tracker holds: rows up to it are never sent again
         self.state: dict = {}
         self.failed = False
         self.done = False
 
-    def open(self, resume_step: int) -> bool:
-        """Start or continue the tracker's run; False (after one warning) when that fails."""
-        earlier = read_state(self.out).get(self.name, {}) if resume_step > 0 else {}
+    @classmethod
+    def open(cls, ctx: SinkContext) -> TrackerSink | None:
+        """The module's open_sink: start or continue the tracker's run; None (after one warning) when that fails."""
+        sink = cls(ctx)
+        return sink if sink.start_run() else None
+
+    def start_run(self) -> bool:
+        """Start, or continue the run in trackers.json when resuming from a checkpoint; False when that fails."""
+        earlier = read_state(self.out).get(self.name, {}) if self.resume_step > 0 else {}
         if earlier and not self.same_store(earlier):
             earlier = {}
         self.sent = int(earlier.get("step", 0))
-        self.resume_step = resume_step
         state = self.guard("starting its run", self.start, earlier)
         if state is None:
             return False
@@ -157,7 +106,7 @@ class Tracker:
         """Write this tracker's entry of trackers.json (rank 0 only writes: trackers open on rank 0)."""
         state = read_state(self.out)
         state[self.name] = self.state
-        atomic_write(self.out / STATE_FILE, json.dumps(state, indent=1) + "\n")
+        atomic_write(layout.path(self.out, layout.TRACKERS), json.dumps(state, indent=1) + "\n")
 
     # ---- what each tracker module implements --------------------------------------------------------------
     def start(self, earlier: dict) -> dict:
@@ -180,8 +129,7 @@ class Tracker:
 def logged_rows(out: Path, last_step: int) -> list[tuple[int, int, dict]]:
     """metrics.jsonl's rows up to `last_step` as (step, epoch, scalars); non-finite values (null) left out."""
     rows = []
-    for line in (Path(out) / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in reader.metrics_rows(out):
         if row["step"] <= last_step:
             scalars = {k: v for k, v in row.items() if k not in ("step", "epoch") and v is not None}
             rows.append((row["step"], row["epoch"], scalars))

@@ -230,7 +230,7 @@ def test_trackers_off_import_neither_library(tmp_path):
     code = ("import sys; from runner.config import load_config; from runner.engine import train; "
             "train(load_config(sys.argv[1:])[0]); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'wandb') "
-            "or m.startswith('runner.trackers.')))")
+            "or m.startswith(('runner.sinks.tracker', 'runner.sinks.wandb_sink', 'runner.sinks.mlflow_sink'))))")
     args = [*CFG, *TINY, "TRAIN.MAX_STEPS", "2", "OUTPUT_DIR", str(tmp_path / "run")]
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
                        env=env(), timeout=300)
@@ -273,7 +273,7 @@ def test_mlflow_unwritable_store_folder_is_refused(tmp_path):
     """A sqlite file or file: store in a folder this user cannot write to: refused at the check."""
     from runner.config import load_config
     from runner.errors import UserError
-    from runner.trackers import check_trackers
+    from runner.sinks import check_sinks as check_trackers
 
     folder = tmp_path / "read-only"
     folder.mkdir()
@@ -294,7 +294,7 @@ def test_mlflow_unwritable_store_folder_is_refused(tmp_path):
                                        ("/scratch/me/runs/a", "runs")])
 def test_mlflow_default_experiment_name(out, want):
     """OUTPUT_DIR's parent folder (a sweep's folder); a run right in output/ gets its own folder's name."""
-    from runner.trackers.mlflow_sink import experiment_name
+    from runner.sinks.mlflow_sink import experiment_name
 
     assert experiment_name(Path(out)) == want
 

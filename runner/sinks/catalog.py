@@ -1,0 +1,83 @@
+"""The sinks a run can write to: a name -> module table. A new destination (a tracker) is one module and one line.
+
+A sink module defines `open_sink(ctx: SinkContext) -> Sink | None` (None: it could not start, and said so
+once) and, when it has a store that can be checked before OUTPUT_DIR is claimed, `check(cfg)` raising
+UserError. A module is imported only when its sink is on: neither W&B nor MLflow is imported otherwise.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from runner.errors import UserError
+from runner.sinks.base import Sink, SinkContext
+
+
+class Entry(NamedTuple):
+    """One sink of the table."""
+
+    on: Callable[[Any], bool]  # is it on for this config
+    module: str  # defines open_sink(ctx) and, optionally, check(cfg)
+    extra: str = ""  # the pip extra its library comes with ('' for none); such a sink is checked before the claim
+
+
+# Opened in this order (metrics.jsonl first: a tracker's resume replays it, cut at the resume step; the console
+# last: the others' start lines print above its progress bar), written, flushed and closed in it too.
+SINKS: dict[str, Entry] = {
+    "jsonl": Entry(lambda cfg: True, "runner.sinks.jsonl"),
+    "tensorboard": Entry(lambda cfg: bool(cfg.LOG.TENSORBOARD), "runner.sinks.tensorboard"),
+    "wandb": Entry(lambda cfg: bool(cfg.LOG.WANDB), "runner.sinks.wandb_sink", "wandb"),
+    "mlflow": Entry(lambda cfg: bool(cfg.LOG.MLFLOW_URI), "runner.sinks.mlflow_sink", "mlflow"),
+    "console": Entry(lambda cfg: True, "runner.sinks.console"),
+}
+
+
+def _modules(cfg, entries: list[Entry]) -> list[ModuleType]:
+    """The modules of `entries` (importing each one's library); a missing library is a user mistake."""
+    found = []
+    for entry in entries:
+        try:
+            found.append(importlib.import_module(entry.module))
+        except ImportError as e:
+            if not entry.extra:
+                raise
+            raise UserError(f"the {entry.extra} tracker needs a package that is missing ({e.name}): "
+                            f"pip install -e '.[{entry.extra}]'") from None
+    return found
+
+
+def check_sinks(cfg, dist=None, group=None) -> None:
+    """Refuse (UserError) a tracker that is not installed or cannot open its store, before OUTPUT_DIR is claimed.
+
+    Rank 0 checks (only it logs to trackers; ranks opening one new store at once would race); with `dist` a
+    job's other ranks learn the refusal over `group` (the control group), not from a timeout.
+    """
+    entries = [e for e in SINKS.values() if e.extra and e.on(cfg)]
+    if not entries:
+        return
+    error = None
+    if dist is None or dist.is_main:
+        try:
+            for module in _modules(cfg, entries):
+                if hasattr(module, "check"):
+                    module.check(cfg)
+        except UserError as e:
+            error = str(e)
+    if dist is not None and dist.distributed:
+        from runner.distributed import broadcast_object
+
+        error = broadcast_object(error, group)
+    if error:
+        raise UserError(error)
+
+
+def open_sinks(ctx: SinkContext) -> list[Sink]:
+    """The sinks the config turns on, in the table's order, each continuing at ctx.resume_step."""
+    sinks = []
+    for module in _modules(ctx.cfg, [e for e in SINKS.values() if e.on(ctx.cfg)]):
+        sink = module.open_sink(ctx)
+        if sink is not None:
+            sinks.append(sink)
+    return sinks
