@@ -122,4 +122,4 @@ class Evaluator(Hook):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from the checkpoint's best and latest evaluation."""
-        self.best, self.last_val = state["best"], state.get("last_val", {})
+        self.best, self.last_val = state.get("best", self.best), state.get("last_val", {})

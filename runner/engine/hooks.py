@@ -49,12 +49,14 @@ class Hook:
     def close(self, trainer) -> None:
         """Release what before_train opened; called in reverse order, however the run ended."""
 
+    state_key: str | None = None  # the name of this hook's part of the checkpoint; None: the class name
+
     def state_dict(self) -> dict:
-        """This hook's entries of the checkpoint (top-level keys)."""
+        """This hook's part of the checkpoint (saved under checkpoint["hooks"][its key]; {}: none)."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        """Take this hook's entries back from a whole checkpoint."""
+        """Take this hook's part back ({} when the checkpoint has none for it)."""
 
 
 class StopRun(Exception):
@@ -200,6 +202,8 @@ class MetricLogger(Hook):
 class Checkpointer(Hook):
     """Atomic checkpoints every CHECKPOINT.PERIOD steps within an epoch, at each epoch's end and at the end."""
 
+    state_key = "checkpointer"  # its part (every rank's RNG state) is added by save
+
     def __init__(self, out: Path, period: int, keep: int, dist: Dist, stored: dict | None = None,
                  take_best: Callable[[], bool] | None = None, metrics: MetricLogger | None = None, group=None):
         """`stored`: entries saved as they are (the config's text, the class names); `take_best()`: True when
@@ -226,12 +230,9 @@ class Checkpointer(Hook):
         if self.dist.is_main:
             if self.metrics is not None:
                 self.metrics.flush()  # a kill after the save must not lose scalars of the steps it covers
-            state = {**trainer.state_dict(), "rng": rng}
+            state = {**self.stored, **trainer.state_dict()}
+            state["hooks"][self.state_key] = {"rng": rng}
             ckpt.save_checkpoint(state, self.out, trainer.step, self.keep, best)
-
-    def state_dict(self) -> dict:
-        """The stored entries (the RNG states are added by save)."""
-        return dict(self.stored)
 
     def load_state_dict(self, state: dict) -> None:
         """Every RNG this rank draws from, as the checkpoint left it."""

@@ -140,8 +140,7 @@ class Trainer:
         if self.samples_per_batch:  # the layout-free position: a resume on another number of processes uses it
             state["samples_in_epoch"] = self.batch_in_epoch * self.samples_per_batch
             state["global_batch"] = self.samples_per_batch * self.stepper.accum
-        for hook in self.hooks:
-            state.update(hook.state_dict())
+        state["hooks"] = {key: part for key, hook in self.hook_keys() if (part := hook.state_dict())}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -151,8 +150,19 @@ class Trainer:
         self.closed = state.get("epoch_closed", True)  # older checkpoints: as before
         if self.samples_per_batch and "samples_in_epoch" in state:
             self.batch_in_epoch = state["samples_in_epoch"] // self.samples_per_batch
+        parts = state.get("hooks")
+        for key, hook in self.hook_keys():  # a checkpoint from before the hooks' parts were apart: the whole one
+            hook.load_state_dict(state if parts is None else parts.get(key, {}))
+
+    def hook_keys(self) -> list[tuple[str, Hook]]:
+        """Each hook with the key of its part of the checkpoint: its `state_key` or class name, numbered from the
+        second hook of a kind on (the hooks' order is fixed by the builder, so the keys are stable)."""
+        keys, seen = [], {}
         for hook in self.hooks:
-            hook.load_state_dict(state)
+            base = getattr(hook, "state_key", None) or type(hook).__name__
+            seen[base] = seen.get(base, 0) + 1
+            keys.append((base if seen[base] == 1 else f"{base}.{seen[base]}", hook))
+        return keys
 
     def close(self) -> None:
         """Release what the builder took for this run (the run lock, the process group), last taken first."""

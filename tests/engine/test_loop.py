@@ -157,7 +157,8 @@ def test_resume_from_a_mid_epoch_state_equals_an_uninterrupted_run():
 
     first = toy([Recorder(), SaveAt()], epochs=2, batches=5)
     assert first.train() == {"status": "stopped", "step": 7}
-    assert (saved["epoch"], saved["batch_in_epoch"], saved["step"], saved["rec/steps"]) == (1, 2, 7, 7)
+    part = saved["hooks"]["Recorder"]  # each hook's part of the checkpoint under its own key
+    assert (saved["epoch"], saved["batch_in_epoch"], saved["step"], part["rec/steps"]) == (1, 2, 7, 7)
 
     rec = Recorder()
     resumed = toy([rec], epochs=2, batches=5)
@@ -233,3 +234,40 @@ def test_resumed_after_an_epochs_last_step_ends_that_epoch_first():
     assert [e[1:] for e in rec.log[:3]] == [("before_train", 0, 3, 3), ("after_epoch", 1, 0, 3),
                                            ("before_epoch", 1, 0, 3)]
     assert resumed.step == 6 and resumed.loader.calls[0] == ("set_epoch", 1, 0)
+
+
+class Counter(Hook):
+    """Counts steps under a key that every hook of its kind uses: the parts of the checkpoint keep them apart."""
+
+    def __init__(self, every: int):
+        self.every, self.count = every, 0
+
+    def after_step(self, trainer):
+        self.count += trainer.step % self.every == 0
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state.get("count", 0)
+
+
+def test_each_hook_has_its_own_part_of_the_checkpoint():
+    trainer = toy([Counter(1), Counter(2), Recorder()], epochs=1)
+    trainer.train()
+    state = trainer.state_dict()
+    assert state["hooks"] == {"Counter": {"count": 6}, "Counter.2": {"count": 3}, "Recorder": {"rec/steps": 6}}
+    resumed = toy([Counter(1), Counter(2), Recorder()], epochs=1)
+    resumed.load_state_dict(state)
+    assert [h.count for h in resumed.hooks[:2]] == [6, 3] and resumed.hooks[2].steps == 6
+
+
+def test_a_checkpoint_with_the_hooks_parts_merged_still_resumes():
+    """Checkpoints written before the hooks' parts were apart hold them as top-level keys."""
+    trainer = toy([Recorder()], epochs=1)
+    trainer.train()
+    state = trainer.state_dict()
+    flat = {**{k: v for k, v in state.items() if k != "hooks"}, **state["hooks"]["Recorder"]}
+    resumed = toy([Recorder()], epochs=1)
+    resumed.load_state_dict(flat)
+    assert resumed.hooks[0].steps == 6 and resumed.step == trainer.step
