@@ -32,10 +32,10 @@ FIRST_STEP_TAG = "STARTUP_PHASES "
 # imported by name are wrapped where the engine looks them up.
 _HOOKS = [
     ("runner.config", "load_config", "load config"),
-    ("runner.runstate", "finished_run", "check finished run"),
+    ("runner.rundir.rules", "finished_run", "check finished run"),
     ("runner.engine.build.distributed", "setup", "distributed setup"),
     ("runner.engine.build", "setup_logging", "logging setup"),
-    ("runner.lock.RunLock", "acquire", "run lock"),
+    ("runner.rundir.lock.RunLock", "acquire", "run lock"),
     ("runner.engine.build", "build_data", "build data"),
     ("runner.engine.build", "build_model", "build model"),
     ("runner.engine.build", "prepare_model", "prepare model"),

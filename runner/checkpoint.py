@@ -19,15 +19,10 @@ from runner import distributed
 from runner.distributed import Dist
 from runner.errors import UserError
 from runner.fsutil import atomic_link, atomic_write, remove_stale_temps
+from runner.rundir.checkpoints import candidates, step_files
+from runner.rundir.layout import BEST, LAST, checkpoints, step_name
 
 log = logging.getLogger("runner")
-
-STEP_RE = re.compile(r"^step_(\d+)\.pth$")
-
-
-def ckpt_dir(output_dir: str | os.PathLike) -> Path:
-    """OUTPUT_DIR/checkpoints."""
-    return Path(output_dir) / "checkpoints"
 
 
 def atomic_save(obj: dict, path: str | os.PathLike, intact: str = "") -> None:
@@ -36,14 +31,6 @@ def atomic_save(obj: dict, path: str | os.PathLike, intact: str = "") -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: torch.save(obj, f), intact)
-
-
-def step_files(directory: Path) -> list[tuple[int, Path]]:
-    """The step checkpoints in `directory`, newest (highest step) first; ordered by name, never mtime."""
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := STEP_RE.match(p.name))]
-    return sorted(found, reverse=True)
 
 
 @contextlib.contextmanager
@@ -64,18 +51,18 @@ def held_sigint():
 
 def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep: int, best: bool) -> Path:
     """Write step_N.pth, point last.pth (and best.pth) at it, and prune to the newest `keep` step files."""
-    d = ckpt_dir(output_dir)
-    path = d / f"step_{step:08d}.pth"
+    d = checkpoints(output_dir)
+    path = d / step_name(step)
     previous = step_files(d)
-    intact = (f"the previous checkpoint ({d / 'last.pth'}, step {previous[0][0]}) is intact" if previous
+    intact = (f"the previous checkpoint ({d / LAST}, step {previous[0][0]}) is intact" if previous
               else "no earlier checkpoint exists in this folder (a rerun starts where this run started)")
     with held_sigint():
         atomic_save(state, path, intact)
         if not looks_whole(path):  # never let pruning leave a damaged file as the only checkpoint
             raise RuntimeError(f"checkpoint {path} was written but does not read back as a torch file")
-        atomic_link(path, d / "last.pth")
+        atomic_link(path, d / LAST)
         if best:
-            atomic_link(path, d / "best.pth")
+            atomic_link(path, d / BEST)
         prune(d, step, keep)
         remove_stale_temps(d)
     return path
@@ -150,10 +137,7 @@ def load_reason(e: Exception, fix: str = SAVE_WEIGHTS) -> str | None:
 
 def find_resumable(output_dir: str | os.PathLike) -> tuple[Path, dict] | None:
     """The newest checkpoint that loads, warning about (and skipping) any newer one that does not."""
-    d = ckpt_dir(output_dir)
-    candidates = [d / "last.pth"] if (d / "last.pth").exists() else []
-    candidates += [p for _, p in step_files(d)]
-    for path in candidates:
+    for path in candidates(output_dir):
         try:
             state = load_file(path)
             if "model" not in state or "step" not in state:

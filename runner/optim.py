@@ -1,13 +1,21 @@
-"""Optimizer and LR schedule through timm's factories."""
+"""Optimizer and LR schedule through timm's factories; what a change of the run's length means for the schedule.
+
+torch is imported only for type hints: the torch-free refusal of a longer run (runner.rundir.rules) says what
+the schedule would do without loading torch.
+"""
 from __future__ import annotations
 
 import importlib.util
-
-import torch
-import torch.nn as nn
+from typing import TYPE_CHECKING
 
 from runner.errors import UserError
 
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+# the schedules whose shape depends on TRAIN.EPOCHS (timm derives them from num_epochs); the others only shift
+_LENGTH_SHAPED = {"cosine"}
 _FUSED = {"sgd", "momentum", "adam", "adamw"}  # timm maps these onto torch.optim classes with fused kernels
 
 
@@ -106,3 +114,24 @@ def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int)
         warmup_epochs=cfg.TRAIN.WARMUP_EPOCHS, step_on_epochs=False, updates_per_epoch=steps_per_epoch,
     )
     return sched
+
+
+def reshaped_by_length(cfg, old_epochs) -> bool:
+    """True when training `cfg` on from a run of `old_epochs` epochs re-derives the LR schedule's shape."""
+    return old_epochs != cfg.TRAIN.EPOCHS and cfg.TRAIN.SCHEDULER in _LENGTH_SHAPED
+
+
+def schedule_on_extension(cfg, old_epochs, step) -> str:
+    """How the LR schedule continues when a finished run of `old_epochs` epochs and `step` steps is trained on."""
+    if not reshaped_by_length(cfg, old_epochs):
+        return "the LR follows the same schedule on"
+    return (f"the LR schedule is re-derived for {cfg.TRAIN.EPOCHS} epochs instead of {old_epochs} and continues from "
+            f"step {step}: a {cfg.TRAIN.SCHEDULER} schedule that had ended starts again (a warm restart)")
+
+
+def schedule_on_resume(cfg, old_epochs: int) -> str:
+    """What a resume with another TRAIN.EPOCHS than the checkpoint's does to the LR schedule."""
+    if reshaped_by_length(cfg, old_epochs):
+        return ("the LR schedule is re-derived for the new length from this step (cosine: the LR jumps to the new "
+                "curve)")
+    return "the LR schedule stays the same"

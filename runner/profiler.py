@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from runner.rundir.layout import PROFILE
+
 TRACE_SUFFIX = ".pt.trace.json"  # the name TensorBoard's profiler plugin looks for; Perfetto opens it too
 
 
@@ -111,6 +113,6 @@ def build_profiler(cfg, output_dir: str | Path, device: torch.device, *, rank: i
     p = cfg.PROFILE
     if not p.ENABLED:
         return NullProfiler()
-    return StepProfiler(Path(output_dir) / "profile", torch.device(device), wait=p.WAIT, warmup=p.WARMUP,
+    return StepProfiler(Path(output_dir) / PROFILE, torch.device(device), wait=p.WAIT, warmup=p.WARMUP,
                         active=p.ACTIVE, row_limit=p.ROW_LIMIT, worker=f"{socket.gethostname()}_rank{rank}",
                         log=log)

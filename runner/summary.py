@@ -5,9 +5,7 @@ import csv
 import functools
 import io
 import json
-import os
 import re
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +14,11 @@ from typing import Any
 import yaml
 
 from runner.config import flatten, get_default_config, same_value
-from runner.lock import is_locked
+from runner.rundir import reader
+from runner.rundir.layout import METRICS, RESULTS, RUN_JSON
+from runner.rundir.marker import is_done
+from runner.rundir.reader import ACTIVE_S, find_runs
 
-# A run with no results.json counts as running when one of its files changed this recently (seconds)
-ACTIVE_S = 120.0
-# Subfolders of a run that never hold runs themselves; skipping them keeps the walk fast
-SKIP_DIRS = {"checkpoints", "profile"}
-# Files whose modification time shows that a run is alive
-ACTIVITY_FILES = ("run.json", "metrics.jsonl", "log.txt", "checkpoints/last.pth")
 # Keys that differ in every run by construction, so they never make a column
 IGNORED_KEYS = {"OUTPUT_DIR"}
 # best/*: the values of the evaluation with the highest top-1 (best/val/top5 is the top-5 at the best top-1)
@@ -64,16 +59,6 @@ class Run:
         return row
 
 
-def find_runs(root: Path) -> list[Path]:
-    """Every folder under root (root included) with a config.yaml or a run.lock, in sorted order."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-        if "config.yaml" in filenames or "run.lock" in filenames:
-            found.append(Path(dirpath))
-    return found
-
-
 @functools.cache
 def default_values() -> dict[str, Any]:
     """The defaults of runner.config, flattened (computed once), tuples as lists as config.yaml reads back."""
@@ -90,7 +75,7 @@ def changed_keys(config: dict[str, Any]) -> dict[str, Any]:
 def read_config(run: Run, folder: Path) -> None:
     """Fill the run's config from config.yaml; an unreadable file becomes a note."""
     try:
-        text = (folder / "config.yaml").read_text(errors="replace")
+        text = reader.config_text(folder)
         config = yaml.load(text, Loader=_Loader)
         if not isinstance(config, dict):
             raise ValueError("not a mapping of keys")
@@ -105,31 +90,21 @@ def read_config(run: Run, folder: Path) -> None:
 
 def read_metrics(run: Run, folder: Path) -> dict[str, Any]:
     """Final/best val metrics, epoch and img/s from metrics.jsonl; bad lines are skipped and noted."""
-    path = folder / "metrics.jsonl"
-    if not path.is_file():
+    found = reader.read_metrics(folder)
+    if found is None:
         return {}
-    lines = path.read_bytes().splitlines()
     out: dict[str, Any] = {}
-    bad = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict):
-                raise ValueError
-        except ValueError:
-            bad.append(number)
-            continue
+    for record in found.rows:
         _fold_metrics(out, record)
     speeds = out.pop("_img_per_s", None)
     if speeds:
         out["train/img_per_s"] = sum(speeds) / len(speeds)
-    if bad == [len(lines)]:
-        run.notes.append("partial last line of metrics.jsonl ignored")
+    bad = found.bad
+    if bad == [found.lines]:
+        run.notes.append(f"partial last line of {METRICS} ignored")
     elif bad:
         shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-        run.notes.append(f"metrics.jsonl: {len(bad)} unreadable line(s) skipped (line {shown})")
+        run.notes.append(f"{METRICS}: {len(bad)} unreadable line(s) skipped (line {shown})")
     return out
 
 
@@ -160,84 +135,25 @@ def _is_number(value: Any) -> bool:
 
 def read_json(run: Run, folder: Path, name: str) -> dict[str, Any] | None:
     """A JSON object file of the run, or None when missing; an unreadable one becomes a note."""
-    path = folder / name
-    if not path.is_file():
-        return None
-    try:
-        obj = json.loads(path.read_text())
-        if not isinstance(obj, dict):
-            raise ValueError("not a JSON object")
-        return obj
-    except (ValueError, OSError) as e:
-        run.notes.append(f"{name} unreadable ({_first_line(e)})")
-        return None
-
-
-def recently_active(folder: Path, now: float, active_s: float = ACTIVE_S) -> bool:
-    """A log, metrics, status or checkpoint file of the run changed within active_s seconds."""
-    for name in ACTIVITY_FILES:
-        try:
-            if now - (folder / name).stat().st_mtime < active_s:
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def lock_held(folder: Path) -> bool:
-    """True while a training process holds the run's lock (OUTPUT_DIR/run.lock)."""
-    try:
-        return is_locked(folder)
-    except OSError:
-        return False
-
-
-# run.json statuses of a run that stopped and continues when its command is run again
-_RESUMABLE = {"preempted": "preempted; re-run to continue",
-              "hung": "ended by the hang watchdog (stacks in its hang/ folder); re-run to continue",
-              "interrupted": "stopped with Ctrl-C twice; re-run to continue from the last checkpoint",
-              "profiled": "stopped after profiling (PROFILE.ONLY); re-run without it to go on",
-              "done": "run.json says done but results.json is missing; re-run to finish"}
-
-
-def run_status(folder: Path, state: dict[str, Any] | None, now: float, active_s: float) -> tuple[str, str]:
-    """(status, note) of a run without a done results.json, from its lock, run.json and file times."""
-    if lock_held(folder):
-        return "running", ""
-    raw = str(state.get("status", "")) if state else ""
-    if raw == "running" and state.get("host") not in (None, socket.gethostname()):
-        # another machine's lock cannot be seen from here: trust recent writes instead
-        running = recently_active(folder, now, active_s)
-        return ("running", f"on {state['host']}") if running else ("interrupted", f"on {state['host']}")
-    if raw == "running":
-        return "interrupted", "killed (no process holds the run lock); re-run to continue"
-    if raw in _RESUMABLE:
-        return "interrupted", _RESUMABLE[raw]
-    if raw == "failed":
-        return "failed", str(state.get("error", ""))
-    if raw == "nonfinite":
-        return "failed", f"loss became non-finite (step {state.get('step', '?')})"
-    if raw:
-        return "failed", f"run.json status {raw!r}"
-    if recently_active(folder, now, active_s):  # no run.json: a run from before run.json, or another tool
-        return "running", f"files changed within {active_s:.0f} s"
-    progress = (folder / "checkpoints").is_dir() or (folder / "metrics.jsonl").is_file()
-    return "interrupted", "" if progress else "no metrics or checkpoints"
+    obj, why = reader.read_object(folder, name)
+    if why:
+        run.notes.append(f"{name} unreadable ({why})")
+    return obj
 
 
 def summarize_run(folder: Path, root: Path, now: float, active_s: float = ACTIVE_S) -> Run:
     """Everything the summary shows about one run folder."""
     run = Run(path=folder.relative_to(root).as_posix() or ".")
-    results = read_json(run, folder, "results.json")
+    results = read_json(run, folder, RESULTS)
     read_config(run, folder)
-    state = read_json(run, folder, "run.json")
-    if results is not None and results.get("status") == "done":
+    state = read_json(run, folder, RUN_JSON)
+    if is_done(results):
         run.status, note = "done", ""
         run.results = results  # the final and best values, without reading metrics.jsonl
-    elif not (folder / "config.yaml").exists() and state is None and not lock_held(folder):
-        run.status, note = "failed", "stopped during setup (the error is in the job's output)"
+    elif reader.stopped_in_setup(folder, state):
+        run.status, note = reader.SETUP_FAILED
     else:
-        run.status, note = run_status(folder, state, now, active_s)
+        run.status, note = reader.unfinished_state(folder, state, now, active_s)
         run.results = read_metrics(run, folder)
     if note:
         run.notes.insert(0, note)

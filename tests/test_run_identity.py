@@ -41,26 +41,26 @@ def test_epochs_ablation_gives_one_result_per_value(tmp_path):
 
 def test_training_a_finished_run_on_is_explicit_and_says_how_the_lr_continues(tmp_path):
     """finished_run/keep_finished_result on a finished folder (no training: the rule itself)."""
-    from runner import runstate
     from runner.config import dump_config, load_config
     from runner.errors import UserError
+    from runner.rundir import marker, rules
 
     def cfg(*extra: str):
         return load_config(["--cfg", DIGITS, "OUTPUT_DIR", str(tmp_path), "TRAIN.EPOCHS", "2", *extra])[0]
 
-    runstate.write_status(str(tmp_path), runstate.DONE)
+    marker.write_status(str(tmp_path), marker.DONE)
     (tmp_path / "config.yaml").write_text(dump_config(cfg("TRAIN.MAX_STEPS", "20")))
     done = {"status": "done", "epoch": 1, "step": 20, "epochs": 2, "max_steps": 20, "val/top1": 90.0}
-    runstate.write_json_atomic(tmp_path / "results.json", done)
-    assert runstate.finished_run(cfg("TRAIN.MAX_STEPS", "20"))[1].startswith("it ran 20 steps")
+    marker.write_json_atomic(tmp_path / "results.json", done)
+    assert rules.finished_run(cfg("TRAIN.MAX_STEPS", "20"))[1].startswith("it ran 20 steps")
     # more steps of the same 2-epoch schedule: refused without TRAIN.EXTEND, and the line says the LR goes on
     with pytest.raises(UserError, match="add TRAIN.EXTEND True .* results-step20.json; the LR follows the same"):
-        runstate.finished_run(cfg("TRAIN.MAX_STEPS", "30"))
+        rules.finished_run(cfg("TRAIN.MAX_STEPS", "30"))
     # more epochs: the cosine is re-derived, and the line says so
     with pytest.raises(UserError, match="re-derived for 3 epochs instead of 2 .* warm restart"):
-        runstate.finished_run(cfg("TRAIN.EPOCHS", "3"))
+        rules.finished_run(cfg("TRAIN.EPOCHS", "3"))
     extend = cfg("TRAIN.MAX_STEPS", "30", "TRAIN.EXTEND", "true")
-    assert runstate.finished_run(extend) is None
-    assert "kept as results-step20.json" in runstate.keep_finished_result(extend)
+    assert rules.finished_run(extend) is None
+    assert "kept as results-step20.json" in rules.keep_finished_result(extend)
     assert json.loads((tmp_path / "results-step20.json").read_text()) == done
     assert not (tmp_path / "results.json").exists()

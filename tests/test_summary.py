@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from runner.config import get_default_config
-from runner.lock import RunLock
+from runner.rundir.lock import RunLock
 from runner.summary import summarize
 from tests.utils import assert_user_error
 

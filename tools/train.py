@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 0
     cfg, info = loaded
-    from runner import preflight, runstate
+    from runner import preflight
+    from runner.rundir import rules
 
     try:
         preflight.check_before_claim(cfg, preflight.world_size())  # before the claim: nothing written or locked
@@ -36,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         e.relayed = True  # every rank meets the same mistake: rank 0's line is the one shown
         raise
     if os.environ.get("RANK", "0") == "0":  # other ranks learn rank 0's verdict (they may start after it locked)
-        runstate.check_output_dir(cfg)  # before anything heavy: a folder that is not ours is refused at once
+        rules.check_output_dir(cfg)  # before anything heavy: a folder that is not ours is refused at once
     if os.environ.get("WORLD_SIZE", "1") == "1":  # under torchrun, rank 0 decides under the run lock
-        done = runstate.finished_run(cfg)
+        done = rules.finished_run(cfg)
         if done is not None:
-            print(runstate.done_line(cfg, *done), flush=True)
+            print(rules.done_line(cfg, *done), flush=True)
             return 0
     from runner.engine import train
 

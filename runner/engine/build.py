@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from runner import distributed, runstate, threads
+from runner import distributed, threads
 from runner.compat import import_torchvision
 from runner.data import build_data
 from runner.data.loaders import epoch_seed
@@ -34,16 +34,17 @@ from runner.distributed import Dist
 from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Checkpointer, Hook, MetricLogger, Profiler
 from runner.engine.loop import Trainer
-from runner.engine.runfolder import AlreadyDone, claim_output_dir, resume, write_run_files
 from runner.engine.signals import Preemption, Stamp, StopFlag, TimeLimit, process_started
 from runner.engine.status import RunStatus
 from runner.engine.step import CanonicalNormStats, TrainStep
 from runner.engine.watchdog import Watchdog, job_board, relay_failure
 from runner.errors import UserError
-from runner.lock import RunLock
 from runner.model import build_model, compiler, prepare_model
 from runner.optim import build_optimizer, build_scheduler
 from runner.profiler import build_profiler
+from runner.rundir.claim import AlreadyDone, claim_output_dir, resume, write_run_files
+from runner.rundir.lock import RunLock
+from runner.rundir.rules import done_line
 from runner.sinks import MetricWriter, check_sinks, run_hparams, setup_logging
 
 log = logging.getLogger("runner")
@@ -306,7 +307,7 @@ def train(cfg, hparam_keys: list[str] | None = None) -> dict:
         trainer = build_trainer(cfg, hparam_keys)
     except AlreadyDone as done:  # finished already: say so, write nothing
         if done.main:
-            print(runstate.done_line(cfg, done.results, done.why), flush=True)
+            print(done_line(cfg, done.results, done.why), flush=True)
         return done.results
     except BaseException as e:  # another rank's collective waits for this one: tell rank 0, which ends the job
         relay_failure(e)

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import torch
 
-from runner import distributed, runstate
+from runner import distributed
 from runner.engine.hooks import Checkpointer, Hook, Profiler, StopRun
 from runner.errors import DataUnavailable, Preempted, UserError
+from runner.rundir import marker
+from runner.rundir.layout import CHECKPOINTS
 
 log = logging.getLogger("runner")
 
@@ -128,7 +130,7 @@ class Preemption(Hook):
         """Save and stop once the profiled window is recorded (PROFILE.ONLY), or when a rank was signalled."""
         if self.profile_only and self.profiler is not None and self.profiler.done:
             self.checkpointer.save(trainer)
-            raise StopRun(runstate.PROFILED, "PROFILE.ONLY: stopped after the profiled steps (checkpoint saved; "
+            raise StopRun(marker.PROFILED, "PROFILE.ONLY: stopped after the profiled steps (checkpoint saved; "
                                              "rerun without it to go on)")
         if self.flag.poll():
             self.checkpointer.save(trainer)
@@ -154,7 +156,7 @@ class Preemption(Hook):
         accum = trainer.stepper.accum
         trainer.batch_in_epoch -= trainer.batch_in_epoch % accum  # the micro-batches of an unfinished step again
         self.checkpointer.save(trainer)
-        log.warning("data unavailable: saved at step %d in %s", trainer.step, self.checkpointer.out / "checkpoints")
+        log.warning("data unavailable: saved at step %d in %s", trainer.step, self.checkpointer.out / CHECKPOINTS)
 
     def close(self, trainer) -> None:
         """Finish the pending reduce and hand the signals back (or ignore them, when stopping on one)."""

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 
-from runner import runstate
 from runner.distributed import Dist
 from runner.engine.evaluation import NO_BEST, Evaluator
 from runner.engine.hooks import Hook, MetricLogger, StopRun
 from runner.errors import DataUnavailable, NonFiniteLoss, Preempted, UserError, one_line
+from runner.rundir import marker
+from runner.rundir.layout import KEPT_RESULTS_GLOB
 from runner.sinks import log_to_file
 
 log = logging.getLogger("runner")
@@ -35,19 +36,19 @@ class RunStatus(Hook):
     def write(self, status: str, step: int, **extra) -> None:
         """Update run.json on rank 0, once the folder is this run's."""
         if self.dist.is_main and self.claimed:
-            runstate.write_status(str(self.out), status, step=step, **extra)
+            marker.write_status(self.out, status, step=step, **extra)
 
     def record_failure(self, e: BaseException, when: str, step: int) -> None:
         """run.json and log.txt say why the run stopped (rank 0, once the folder is ours)."""
         if isinstance(e, KeyboardInterrupt):
-            self.write(runstate.INTERRUPTED, step)
+            self.write(marker.INTERRUPTED, step)
             return
         text, rank = f"{type(e).__name__}: {one_line(str(e))}", self.dist.rank
         silent = [] if isinstance(e, UserError) or self.silent_ranks is None else self.silent_ranks()
         if silent:  # the first rank that stopped without a word is the cause; this rank's error is the effect
             text, rank = f"rank {silent[0]} stopped without a word (its process ended or froze); then {text}", silent[0]
             log.error("%s", text)
-        self.write(runstate.FAILED, step, error=text[:500], **({"rank": rank} if self.dist.distributed else {}))
+        self.write(marker.FAILED, step, error=text[:500], **({"rank": rank} if self.dist.distributed else {}))
         if isinstance(e, UserError):
             log_to_file(f"error {when}: {one_line(str(e))}")
         else:
@@ -60,16 +61,16 @@ class RunStatus(Hook):
             self.write(error.status, step)
             log.info("%s", error.message)
         elif isinstance(error, NonFiniteLoss):
-            self.write(runstate.NONFINITE, step)
+            self.write(marker.NONFINITE, step)
         elif isinstance(error, Preempted):
-            self.write(runstate.PREEMPTED, step)
+            self.write(marker.PREEMPTED, step)
         elif isinstance(error, DataUnavailable):  # a cluster fault: rerun like a preemption, the reason kept
             text = one_line(str(error))
-            self.write(runstate.PREEMPTED, step, error=text[:500], **({"rank": self.dist.rank}
+            self.write(marker.PREEMPTED, step, error=text[:500], **({"rank": self.dist.rank}
                                                                        if self.dist.distributed else {}))
             log_to_file(f"stopped at step {step}: {text}")
         elif isinstance(error, KeyboardInterrupt):
-            self.write(runstate.INTERRUPTED, step)
+            self.write(marker.INTERRUPTED, step)
             log.warning("stopped at once after step %d; rerun the same command to continue from the last "
                         "checkpoint", step)
         else:
@@ -83,8 +84,8 @@ class RunStatus(Hook):
             writer = self.metrics.writer if self.metrics is not None else None
             if writer is not None:
                 writer.hparams(self.hparams, metrics)
-            runstate.write_json_atomic(self.out / "results.json", results)
-            self.write(runstate.DONE, trainer.step)
+            marker.write_results(self.out, results)
+            self.write(marker.DONE, trainer.step)
         best = self.evaluator.best if self.evaluator is not None else NO_BEST
         log.info("done: val/top1 %s val/top5 %s (best %.2f at epoch %d), %d steps, %.1fs; OUTPUT_DIR %s",
                  _fmt(results["val/top1"]), _fmt(results["val/top5"]), best["val/top1"], best["epoch"],
@@ -97,7 +98,7 @@ class RunStatus(Hook):
         best = self.evaluator.best if self.evaluator is not None else NO_BEST
         imgs, secs = self.metrics.throughput if self.metrics is not None else (0, 0.0)
         results = {
-            "status": runstate.DONE,
+            "status": marker.DONE,
             "val/top1": last.get("val/top1"), "val/top5": last.get("val/top5"),
             # best/*: the evaluation with the highest top-1; its top-5 (not the highest top-5) and its epoch
             "best/val/top1": best["val/top1"], "best/val/top5": best["val/top5"], "best/epoch": best["epoch"],
@@ -106,7 +107,7 @@ class RunStatus(Hook):
             "train/img_per_s": imgs / secs if secs else None,
             "world_size": self.dist.world_size,
         }
-        kept = sorted(p.name for p in self.out.glob("results-step*.json"))
+        kept = sorted(p.name for p in self.out.glob(KEPT_RESULTS_GLOB))
         if kept:  # a run trained on (TRAIN.EXTEND): never to be taken for a fresh run of this length
             results["extended_from"] = kept
         for k in ("val_ema/top1", "val_ema/top5"):

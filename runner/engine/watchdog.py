@@ -23,10 +23,12 @@ import time
 import traceback
 from pathlib import Path
 
-from runner import distributed, runstate
+from runner import distributed
 from runner.distributed import Dist
 from runner.engine.hooks import Hook
 from runner.errors import EXIT_HUNG, EXIT_PREEMPTED, EXIT_USER, Hung, Preempted, UserError, describe
+from runner.rundir import marker
+from runner.rundir.layout import HANG
 from runner.sinks import log_to_file
 
 log = logging.getLogger("runner")
@@ -329,7 +331,7 @@ class Watchdog(Hook):
         text = f"rank {rank}: {line}"
         self.board.post_verdict(code, text)
         if self.status is not None:  # 75: a rank's data server stayed down; the job reruns like a preempted one
-            status = runstate.PREEMPTED if code == EXIT_PREEMPTED else runstate.FAILED
+            status = marker.PREEMPTED if code == EXIT_PREEMPTED else marker.FAILED
             self.status.write(status, self.step, error=text[:500], rank=rank)
         trace = self.board.trace(rank)
         trace = f"\nrank {rank}'s traceback:\n{trace.rstrip()}" if trace else ""
@@ -368,7 +370,7 @@ class Watchdog(Hook):
         text = (f"hung: {cause}; "
                 + (f"rank {', '.join(map(str, frozen))} stopped reporting" if frozen else
                    "every rank still reports (a deadlock, not a dead rank)")
-                + f"; each live rank's stacks are in {self.out / 'hang'}; the same command resumes from the "
+                + f"; each live rank's stacks are in {self.out / HANG}; the same command resumes from the "
                   "last checkpoint")
         if self.board is not None:
             self.board.post_verdict(EXIT_HUNG, text)
@@ -382,10 +384,10 @@ class Watchdog(Hook):
         """run.json `hung` with the step and the frozen ranks; the line on stderr and in log.txt."""
         extra = {"step": self.step, "hung_ranks": frozen, "error": text[:500]}
         if self.dist.is_main and self.status is not None:
-            self.status.write(runstate.HUNG, **extra)
+            self.status.write(marker.HUNG, **extra)
             log_to_file(text)
-        elif runstate.is_our_run(self.out):  # rank 0 froze: the lowest live rank writes in its place
-            runstate.write_status(str(self.out), runstate.HUNG, **extra)
+        elif marker.is_our_run(self.out):  # rank 0 froze: the lowest live rank writes in its place
+            marker.write_status(self.out, marker.HUNG, **extra)
         print(text, file=sys.stderr, flush=True)
 
     def _dump(self) -> None:
@@ -393,7 +395,7 @@ class Watchdog(Hook):
         if self.dumped:
             return
         self.dumped = True
-        folder = self.out / "hang"
+        folder = self.out / HANG
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / f"rank{self.dist.rank}.txt", "w") as f:
             f.write(f"rank {self.dist.rank} (pid {os.getpid()} on {socket.gethostname()}): no optimizer step for "

@@ -6,6 +6,7 @@ Tools, the summary, the trackers and the sweep scripts name these constants (or 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 RUN_JSON = "run.json"  # the marker (whose folder, which format) and the run's status
@@ -22,6 +23,20 @@ LAST = "last.pth"
 BEST = "best.pth"
 HANG = "hang"  # each live rank's stacks when a job hung
 PROFILE = "profile"  # PROFILE.* traces
+KEPT_RESULTS_GLOB = "results-step*.json"  # a finished run's results.json, kept when the run is trained on
+
+# checkpoints/step_<8 digits>.pth: ordered by name (the step), never by modification time
+STEP_RE = re.compile(r"^step_(\d+)\.pth$")
+
+
+def step_name(step: int) -> str:
+    """The file name of the checkpoint saved after `step`."""
+    return f"step_{step:08d}.pth"
+
+
+def kept_results_name(step: int) -> str:
+    """The name a finished run's results.json keeps when the run is trained on (TRAIN.EXTEND)."""
+    return f"results-step{step}.json"
 
 
 def path(out: str | os.PathLike, name: str) -> Path:

@@ -147,7 +147,7 @@ def test_unknown_model_is_exit_2(tmp_path):
 
 
 def test_busy_output_dir_is_refused_and_left_alone(tmp_path):
-    from runner.lock import RunLock
+    from runner.rundir.lock import RunLock
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "epoch": 1}\n')
     lock = RunLock(str(tmp_path))

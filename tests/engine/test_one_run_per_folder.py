@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from runner.config import load_config
-from runner.engine.runfolder import check_global_batch
 from runner.errors import UserError
+from runner.rundir.claim import check_global_batch
 from tests.engine.test_elastic import snapshot
 from tests.engine.test_resume import Launch, tb_scalars
 from tests.utils import ROOT, TRAIN, assert_user_error, read_jsonl, run_tool
@@ -91,7 +91,7 @@ def test_results_of_another_config_are_named_in_the_refusal(tmp_path):
     out.mkdir()
     cfg, _ = load_config(["--cfg", DIGITS, "OUTPUT_DIR", str(out)], check_paths=False)
     from runner.config import dump_config
-    from runner.runstate import DONE, write_status
+    from runner.rundir.marker import DONE, write_status
 
     (out / "config.yaml").write_text(dump_config(cfg))
     write_status(str(out), DONE)

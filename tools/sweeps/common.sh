@@ -126,9 +126,9 @@ sweep_stop() {  # on Ctrl-C/SIGTERM: ask the running points to save and exit, st
   for pid in "${SLOT_PID[@]}"; do [[ -z $pid ]] || kill -TERM "$pid" 2>/dev/null || true; done
 }
 
-point_done() {  # NAME: true when ROOT/NAME/results.json says done (checked without starting Python)
+point_done() {  # NAME: true when ROOT/NAME is a done run (runner.rundir's reader says; no torch is imported)
   [[ -z ${SWEEP_RECHECK:-} ]] || return 1  # SWEEP_RECHECK=1: let train.py decide (e.g. after raising EPOCHS)
-  grep -Eqs '"status"[[:space:]]*:[[:space:]]*"done"' "$(point_dir "$1")/results.json" || return 1
+  [[ $("$PY" -m runner.rundir state "$(point_dir "$1")" 2>/dev/null) == done ]] || return 1
   echo "sweep: skip $1 (done)"
   SKIPPED=$((SKIPPED + 1))
 }

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 from runner.errors import UserError, argument_error, cli
+from runner.rundir import reader
+from runner.rundir.layout import HANG, RESULTS, RUN_JSON
 
 HUNG_REQUEUES = 1  # a hung task (exit 76) is requeued this many times, then left failed
 BUSY = "is in use by a running job"  # the run lock's refusal: another task trains this point
@@ -65,28 +67,25 @@ def last_error(log: Path) -> str:
 
 def run_status(out: Path, since: float) -> dict:
     """OUTPUT_DIR/run.json when this task wrote it (a file older than the task's start says nothing)."""
-    path = out / "run.json"
     try:
-        if path.stat().st_mtime < since - 1:
+        if (out / RUN_JSON).stat().st_mtime < since - 1:
             return {}
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except OSError:
         return {}
-    return obj if isinstance(obj, dict) else {}
+    return reader.status(out) or {}
 
 
 def other_config(out: Path, train_args: list[str]) -> str:
     """The run-changing keys in which OUT's run (config.yaml, else the claim's run.json) differs from ours; ''."""
-    from runner import runstate
     from runner.config import load_config
+    from runner.rundir.rules import changed_run_keys
 
-    stored = out / "config.yaml"
-    text = stored.read_text() if stored.is_file() else (runstate.read_json(out / "run.json") or {}).get("config")
-    if not isinstance(text, str) or not train_args:
+    text = reader.stored_config(out)
+    if text is None or not train_args:
         return ""
     try:
         cfg, _ = load_config(train_args, check_paths=False)
-        return "; ".join(runstate.changed_run_keys(cfg, text))
+        return "; ".join(changed_run_keys(cfg, text))
     except (UserError, ValueError) as e:
         return f"unreadable: {e}"
 
@@ -96,9 +95,8 @@ def decide(events: list[dict], out: Path, log: Path, rc: int, signalled: str,
     """What an ended task does next, and why: torchrun reports 1 for a worker's 75, so run.json decides too."""
     start = next((e["t"] for e in reversed(events) if e.get("event") == "start"), 0.0)
     status = run_status(out, start).get("status", "")
-    results = out / "results.json"
     if rc == 0 or status == "done":
-        if rc == 0 or results.exists():
+        if rc == 0 or (out / RESULTS).exists():
             return "done", "finished"
     error = last_error(log)
     if rc == 2 and BUSY in error:
@@ -118,7 +116,7 @@ def decide(events: list[dict], out: Path, log: Path, rc: int, signalled: str,
                    and e.get("why", "").startswith("hung"))
         if hung < HUNG_REQUEUES:
             return "requeue", "hung (exit 76): requeued once"
-        return "failed", f"hung again after {hung} requeue(s) (exit 76); see {out}/hang"
+        return "failed", f"hung again after {hung} requeue(s) (exit 76); see {out}/{HANG}"
     return "failed", f"exit {rc}: {error or 'no output'}"
 
 

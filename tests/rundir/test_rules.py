@@ -1,5 +1,5 @@
 """A run folder belongs to one run: foreign folders untouched, no two runs mixed, finished runs not rewritten,
-setup failures recorded, folders that cannot be made (runner/runstate.py)."""
+setup failures recorded, folders that cannot be made (runner/rundir/rules.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -95,7 +95,7 @@ def test_output_dir_that_is_a_file(tmp_path):
 
 def test_empty_and_missing_folders_are_taken(tmp_path):
     from runner.config import get_default_config
-    from runner.runstate import check_output_dir
+    from runner.rundir.rules import check_output_dir
 
     cfg = get_default_config()
     for d in (tmp_path / "empty", tmp_path / "missing" / "deeper"):

@@ -1,18 +1,31 @@
-"""The run folder: claiming OUTPUT_DIR for this run, resuming from its checkpoint, writing the run's files."""
+"""Claiming OUTPUT_DIR for this run, finding the checkpoint to resume from, writing the run's files.
+
+The engine calls these with what they need (the process group, the lock, the status hook, the trainer); nothing
+here imports runner.engine. Following CHECKPOINT.RESUME runs one way: claim -> rules (torch-free refusals) and
+runner.checkpoint (loading) -> layout.
+"""
 from __future__ import annotations
 
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runner import checkpoint as ckpt
-from runner import distributed, runstate
+from runner import distributed
+from runner.data.sources import source
 from runner.distributed import Dist
-from runner.engine.loop import Trainer
-from runner.engine.status import RunStatus
 from runner.errors import UserError
 from runner.fsutil import atomic_write, remove_stale_temps
-from runner.lock import LOCK_NAME, RunLock
+from runner.optim import schedule_on_resume
+from runner.rundir import reader, rules
+from runner.rundir.layout import CONFIG, ENV, LOCK
+from runner.rundir.lock import RunLock
+from runner.rundir.marker import DONE, RUNNING, is_done, write_status
+
+if TYPE_CHECKING:
+    from runner.engine.loop import Trainer
+    from runner.engine.status import RunStatus
 
 log = logging.getLogger("runner")
 
@@ -25,7 +38,6 @@ class AlreadyDone(Exception):
         self.results, self.why, self.main = results, why, main
 
 
-# ---- claiming the folder, resuming, the run's files --------------------------------------------------------
 def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus):
     """Rank 0 checks OUTPUT_DIR, locks it and marks it as this run's; every rank learns the verdict.
 
@@ -37,9 +49,9 @@ def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus)
     if dist.is_main:
         undo = _Undo(Path(cfg.OUTPUT_DIR))
         try:
-            runstate.check_output_dir(cfg)  # again: the folder may have changed since tools/train.py
+            rules.check_output_dir(cfg)  # again: the folder may have changed since tools/train.py
             lock.acquire()
-            done = runstate.finished_run(cfg)  # under the lock: no other job is writing results now
+            done = rules.finished_run(cfg)  # under the lock: no other job is writing results now
             if done is None:
                 found = find_checkpoint(cfg, dist.world_size)  # a run-changing config is refused before any write
                 attempt = "" if found is not None else _earlier_attempt(Path(cfg.OUTPUT_DIR))
@@ -70,12 +82,12 @@ def claim_with_config(cfg) -> None:
     """
     from runner.config import dump_config
 
-    runstate.write_status(cfg.OUTPUT_DIR, runstate.RUNNING, config=dump_config(cfg))
+    write_status(cfg.OUTPUT_DIR, RUNNING, config=dump_config(cfg))
 
 
 def _earlier_attempt(out: Path) -> str:
     """What an attempt that saved no checkpoint left in `out` (its config was checked to be this one); '' if none."""
-    return runstate.has_run_data(out) or ("an earlier attempt's config.yaml" if (out / "config.yaml").is_file() else "")
+    return rules.has_run_data(out) or ("an earlier attempt's config.yaml" if (out / CONFIG).is_file() else "")
 
 
 class _Undo:
@@ -86,13 +98,13 @@ class _Undo:
         self.made = out  # the topmost folder that taking the lock would create
         while not self.made.parent.exists() and self.made.parent != self.made:
             self.made = self.made.parent
-        lock_file = out / LOCK_NAME
+        lock_file = out / LOCK
         self.lock_text = lock_file.read_bytes() if lock_file.is_file() else None
         self.existed = self.made.exists()
 
     def __call__(self, lock: RunLock) -> None:
         """Give the folder back as it was before this command."""
-        lock_file = self.out / LOCK_NAME
+        lock_file = self.out / LOCK
         try:
             if self.lock_text is not None and lock.fd is not None:
                 os.ftruncate(lock.fd, 0)
@@ -115,7 +127,7 @@ def find_checkpoint(cfg, world_size: int) -> tuple[str, dict] | None:
         return None
     found = ckpt.find_resumable(cfg.OUTPUT_DIR) if how == "auto" else (how, ckpt.load_explicit(how))
     if found is not None:
-        runstate.refuse_changed(cfg, found[1]["config"], f"stored in checkpoint {found[0]}")
+        rules.refuse_changed(cfg, found[1]["config"], f"stored in checkpoint {found[0]}")
         check_global_batch(cfg, found[1], world_size, found[0])
     return found
 
@@ -128,9 +140,9 @@ def resume(cfg, trainer: Trainer, found: tuple[str, dict] | None, status: RunSta
         return
     path, state = found
     trainer.load_state_dict(state)
-    results = runstate.read_json(Path(cfg.OUTPUT_DIR) / "results.json")
-    if trainer.at_end and results and results.get("status") == runstate.DONE:
-        status.write(runstate.DONE, trainer.step)  # claiming marked it running; results.json and config.yaml stay
+    results = reader.results(cfg.OUTPUT_DIR)
+    if trainer.at_end and is_done(results):
+        status.write(DONE, trainer.step)  # claiming marked it running; results.json and config.yaml stay
         raise AlreadyDone(results, f"it ran {trainer.step} steps, as many as this config asks for", dist_main)
     log.info("resumed from %s: epoch %d, batch %d of the epoch, step %d", path, trainer.epoch + 1,
              trainer.batch_in_epoch, trainer.step)
@@ -144,11 +156,9 @@ def _say_new_length(cfg, stored_yaml: str, step: int, main: bool) -> None:
     old = config_from_yaml_text(stored_yaml).TRAIN
     if not main or (old.EPOCHS, old.MAX_STEPS) == (cfg.TRAIN.EPOCHS, cfg.TRAIN.MAX_STEPS):
         return
-    lr = ("the LR schedule is re-derived for the new length from this step (cosine: the LR jumps to the new "
-          "curve)" if old.EPOCHS != cfg.TRAIN.EPOCHS and cfg.TRAIN.SCHEDULER == "cosine"
-          else "the LR schedule stays the same")
     log.info("the run's length changed since the checkpoint (TRAIN.EPOCHS %d -> %d, TRAIN.MAX_STEPS %d -> %d) "
-             "at step %d: %s", old.EPOCHS, cfg.TRAIN.EPOCHS, old.MAX_STEPS, cfg.TRAIN.MAX_STEPS, step, lr)
+             "at step %d: %s", old.EPOCHS, cfg.TRAIN.EPOCHS, old.MAX_STEPS, cfg.TRAIN.MAX_STEPS, step,
+             schedule_on_resume(cfg, old.EPOCHS))
 
 
 def check_global_batch(cfg, state: dict, world: int, path: str) -> None:
@@ -181,18 +191,18 @@ def write_run_files(cfg, dist: Dist, class_names: list[str]) -> None:
     from runner.envinfo import collect_env, format_env
 
     out = Path(cfg.OUTPUT_DIR)
-    extended = runstate.keep_finished_result(cfg)  # after the resume checks: a refused extension renames nothing
+    extended = rules.keep_finished_result(cfg)  # after the resume checks: a refused extension renames nothing
     if extended:
         log.info("%s", extended)
-    atomic_write(out / "config.yaml", dump_config(cfg))
+    atomic_write(out / CONFIG, dump_config(cfg))
     dev = dist.device
     # asking every GPU for free memory would create a CUDA context on each of them for the whole run
     env_text = format_env(collect_env(free_mem_devices=[dev.index or 0] if dev.type == "cuda" else []))
-    atomic_write(out / "env.txt", env_text)
+    atomic_write(out / ENV, env_text)
     for line in env_text.splitlines()[:4]:
         log.info("env: %s", line)
-    if cfg.DATA.NAME == "folder":
+    if source(cfg.DATA.NAME).run_class_map:
         from runner.data import write_class_map
 
         write_class_map(out, class_names)
-    runstate.write_status(str(out), runstate.RUNNING)
+    write_status(out, RUNNING)

@@ -10,8 +10,8 @@ import socket
 from pathlib import Path
 
 from runner.errors import UserError
+from runner.rundir.layout import LOCK
 
-LOCK_NAME = "run.lock"
 # What the holder writes into the lock file; the one place its format is spelled (the pattern comes from it).
 _HOLDER = "pid {pid} on {host}"
 _HOLDER_RE = re.compile(_HOLDER.format(pid=r"\d+", host=".+"))
@@ -31,7 +31,7 @@ class RunLock:
     """An exclusive lock on OUTPUT_DIR/run.lock so two jobs never write one folder; the OS drops it on exit."""
 
     def __init__(self, output_dir: str | os.PathLike):
-        self.path = Path(output_dir) / LOCK_NAME
+        self.path = Path(output_dir) / LOCK
         self.fd: int | None = None
 
     def acquire(self) -> None:
@@ -94,7 +94,7 @@ def is_locked(output_dir: str | os.PathLike) -> bool:
     """True while a job holds OUTPUT_DIR's run lock (used by the sweep summary to say 'running')."""
     import fcntl
 
-    path = Path(output_dir) / LOCK_NAME
+    path = Path(output_dir) / LOCK
     if not path.exists():
         return False
     fd = os.open(path, os.O_RDONLY)
@@ -111,4 +111,4 @@ def refuse_if_locked(output_dir: str | os.PathLike) -> None:
     """UserError naming the holder while another job holds OUTPUT_DIR's run lock."""
     out = Path(output_dir)
     if is_locked(out):
-        raise in_use(out, (out / LOCK_NAME).read_text(errors="replace").strip())
+        raise in_use(out, (out / LOCK).read_text(errors="replace").strip())

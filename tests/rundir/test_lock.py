@@ -1,4 +1,4 @@
-"""The run lock (runner/lock.py): one job per OUTPUT_DIR, its holder named in one format."""
+"""The run lock (runner/rundir/lock.py): one job per OUTPUT_DIR, its holder named in one format."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ import signal
 import pytest
 
 from runner.errors import UserError
-from runner.lock import RunLock, holder_text, is_holder_text, is_locked, refuse_if_locked
-from runner.runstate import is_our_run
+from runner.rundir.lock import RunLock, holder_text, is_holder_text, is_locked, refuse_if_locked
+from runner.rundir.marker import is_our_run
 from tests.utils import is_alive
 
 
@@ -40,7 +40,7 @@ def test_a_bare_lock_of_ours_marks_the_folder(tmp_path):
 
 _ORPHANING = """
 import os, sys, time
-from runner.lock import RunLock
+from runner.rundir.lock import RunLock
 lock = RunLock(sys.argv[1])
 lock.acquire()
 child = os.fork()

@@ -1,79 +1,32 @@
-"""A run folder's state on disk: status file, results, whose folder it is, and "is this run already done?".
+"""The refusal rules of a run folder (torch-free): whose folder it is, two runs never mixed in one, a changed config
+refused, and "is this run already done?".
 
-Light on purpose (no torch import): tools/train.py asks `finished_run` before importing anything heavy,
-so re-running a finished sweep point costs only Python's start-up.
+Light on purpose: tools/train.py asks `check_output_dir` and `finished_run` before importing anything heavy, so
+re-running a finished sweep point costs only Python's start-up.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
-import socket
-import time
 from pathlib import Path
 
 from runner.errors import UserError
-from runner.fsutil import atomic_write
-from runner.lock import LOCK_NAME, is_holder_text, refuse_if_locked
-
-# OUTPUT_DIR/run.json "status" values; results.json exists only for "done".
-RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG = (
-    "running", "done", "failed", "preempted", "nonfinite", "profiled", "interrupted", "hung")
-
-
-# run.json's "format": the marker that says a folder is a run of ours and may be written into; a newer version
-# is refused (this code cannot know what that runner keeps in the folder)
-RUN_VERSION = 1
-RUN_FORMAT = f"runner-run/{RUN_VERSION}"
-_FORMAT_RE = re.compile(r"runner-run/([0-9]+)")
-# what an earlier version's run.json held (no "format" yet); still recognised as ours
-_LEGACY_RUN_KEYS = {"status", "pid", "host", "updated"}
-_STATUSES = {RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG}
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON through the one atomic writer (temporary file, fsync, rename)."""
-    atomic_write(path, json.dumps(obj, indent=2) + "\n")
-
-
-def write_status(output_dir: str, status: str, **extra) -> None:
-    """OUTPUT_DIR/run.json: the status the sweep summary reads, and the marker that the folder is our run."""
-    obj = {"format": RUN_FORMAT, "status": status, "pid": os.getpid(), "host": socket.gethostname(),
-           "updated": time.time(), **extra}
-    write_json_atomic(Path(output_dir) / "run.json", obj)
-
-
-def read_json(path: Path) -> dict | None:
-    """A JSON file's object, or None when missing or unreadable."""
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def is_our_run(out: Path) -> bool:
-    """True when `out` holds our marker: a run.json we wrote (or a bare run.lock left by a start-up)."""
-    obj = read_json(out / "run.json")
-    if obj is not None:
-        return obj.get("format") == RUN_FORMAT or (_LEGACY_RUN_KEYS <= set(obj) and obj["status"] in _STATUSES)
-    try:
-        entries = [p.name for p in out.iterdir()]
-        lock_text = (out / LOCK_NAME).read_text(errors="replace") if entries == [LOCK_NAME] else ""
-    except OSError:
-        return False
-    return is_holder_text(lock_text)  # another job is starting in it
+from runner.optim import schedule_on_extension
+from runner.rundir import reader
+from runner.rundir.checkpoints import has_checkpoints
+from runner.rundir.layout import CHECKPOINTS, CONFIG, METRICS, RESULTS, RUN_JSON, kept_results_name
+from runner.rundir.lock import refuse_if_locked
+from runner.rundir.marker import FAILED, FORMAT_RE, RUN_FORMAT, RUN_VERSION, is_done, is_our_run
 
 
 def has_run_data(out: Path) -> str:
     """What an earlier run left in `out` (checkpoints, results, metrics), described in a few words; '' if none."""
-    results = read_json(out / "results.json")
+    results = reader.results(out)
     if results is not None:
         return f"a finished run (step {results.get('step')}, epoch {results.get('epoch')})"
-    ckpts = out / "checkpoints"
-    if ckpts.is_dir() and any(p.suffix == ".pth" for p in ckpts.iterdir()):
+    if has_checkpoints(out):
         return "an earlier run's checkpoints"
-    metrics = out / "metrics.jsonl"
+    metrics = out / METRICS
     if metrics.is_file() and metrics.stat().st_size > 0:
         return "an earlier run's metrics"
     return ""
@@ -103,7 +56,7 @@ def check_output_dir(cfg) -> None:
 
 def _refuse_unreadable_marker(out: Path) -> None:
     """A run.json that is damaged (not JSON) or made by a newer runner: refused in one line, nothing written."""
-    path = out / "run.json"
+    path = out / RUN_JSON
     try:
         raw = path.read_bytes()
     except OSError:  # missing (or unreadable: is_our_run then finds no marker and says so)
@@ -116,7 +69,7 @@ def _refuse_unreadable_marker(out: Path) -> None:
         raise UserError(f"{path} is damaged ({what}); nothing was written there: if the folder holds a run of "
                         f"this runner, replace run.json with {fix} to continue it, or choose another "
                         "OUTPUT_DIR") from None
-    version = _FORMAT_RE.fullmatch(str(obj.get("format", ""))) if isinstance(obj, dict) else None
+    version = FORMAT_RE.fullmatch(str(obj.get("format", ""))) if isinstance(obj, dict) else None
     if version is not None and int(version.group(1)) > RUN_VERSION:
         raise UserError(f"OUTPUT_DIR {out} was made by a newer runner (format {int(version.group(1))}; this one "
                         f"reads up to {RUN_VERSION}): continue it with that runner, or choose another OUTPUT_DIR")
@@ -129,16 +82,13 @@ def _refuse_another_config(cfg, out: Path) -> None:
     config.yaml (killed between the claim and writing it) the claim's run.json holds the config; a set-up that
     failed rewrote run.json without it, so a corrected config may take the folder on.
     """
-    stored, ckpts = out / "config.yaml", out / "checkpoints"
-    if ckpts.is_dir() and any(p.suffix == ".pth" for p in ckpts.iterdir()):
+    if has_checkpoints(out) or not is_our_run(out):
         return
-    if not is_our_run(out):
+    state = "finished" if (out / RESULTS).exists() else "unfinished"
+    if (out / CONFIG).is_file():
+        refuse_changed(cfg, (out / CONFIG).read_text(), f"of the {state} run in {out}")
         return
-    state = "finished" if (out / "results.json").exists() else "unfinished"
-    if stored.is_file():
-        refuse_changed(cfg, stored.read_text(), f"of the {state} run in {out}")
-        return
-    claimed = (read_json(out / "run.json") or {}).get("config")
+    claimed = (reader.status(out) or {}).get("config")
     if isinstance(claimed, str):
         refuse_changed(cfg, claimed, f"that claimed {out} (its run.json; the run stopped before config.yaml)")
 
@@ -165,8 +115,8 @@ def _refuse_mixing(cfg, out: Path) -> None:
     if resume == "none":
         raise UserError(f"OUTPUT_DIR {out} holds {earlier}; CHECKPOINT.RESUME none would mix two runs in one "
                         "folder: choose another OUTPUT_DIR, or delete that folder to start over")
-    own = Path(resume).resolve().parent == (out / "checkpoints").resolve()
-    if not own or (out / "results.json").exists():
+    own = Path(resume).resolve().parent == (out / CHECKPOINTS).resolve()
+    if not own or (out / RESULTS).exists():
         why = "another folder's checkpoint" if not own else "a checkpoint of a finished run"
         raise UserError(f"CHECKPOINT.RESUME {resume} is {why} but OUTPUT_DIR {out} holds {earlier}; resuming "
                         "would mix two runs in one folder: choose another (new) OUTPUT_DIR")
@@ -193,12 +143,11 @@ def refuse_changed(cfg, stored_yaml: str, where: str) -> None:
 def finished_run(cfg) -> tuple[dict, str] | None:
     """(results.json, why nothing will train) when OUTPUT_DIR's finished run already covers this config."""
     out = Path(cfg.OUTPUT_DIR)
-    results = read_json(out / "results.json")
-    if not results or results.get("status") != DONE or cfg.CHECKPOINT.RESUME != "auto" or not is_our_run(out):
+    results = reader.results(out)
+    if not is_done(results) or cfg.CHECKPOINT.RESUME != "auto" or not is_our_run(out):
         return None
-    stored = out / "config.yaml"
-    if stored.exists():
-        refuse_changed(cfg, stored.read_text(), f"of the finished run in {out}")
+    if (out / CONFIG).exists():
+        refuse_changed(cfg, (out / CONFIG).read_text(), f"of the finished run in {out}")
     epochs, step = results.get("epoch", 0), results.get("step", 0)
     if cfg.TRAIN.EPOCHS <= epochs:
         same = cfg.TRAIN.EPOCHS == results.get("epochs")
@@ -209,34 +158,25 @@ def finished_run(cfg) -> tuple[dict, str] | None:
     if not cfg.TRAIN.EXTEND:  # a longer run over a finished one would replace its result unseen
         raise UserError(f"OUTPUT_DIR {out} holds a finished run ({epochs} epochs, {step} steps) and this config asks "
                         f"for more: add TRAIN.EXTEND True to train that run on (its results.json is kept as "
-                        f"{kept_results_name(step)}; {schedule_on(cfg, results)}), or choose another OUTPUT_DIR "
+                        f"{kept_results_name(step)}; {_schedule_on(cfg, results)}), or choose another OUTPUT_DIR "
                         "for a fresh run")
     return None  # the run is extended: train on from its last checkpoint
 
 
-def kept_results_name(step: int) -> str:
-    """The name a finished run's results.json keeps when the run is trained on (TRAIN.EXTEND)."""
-    return f"results-step{step}.json"
-
-
-def schedule_on(cfg, results: dict) -> str:
-    """How the LR schedule continues when a run of `results` is trained on with `cfg`."""
-    old = results.get("epochs")
-    if old == cfg.TRAIN.EPOCHS or cfg.TRAIN.SCHEDULER != "cosine":  # only cosine's shape depends on the length
-        return "the LR follows the same schedule on"
-    return (f"the LR schedule is re-derived for {cfg.TRAIN.EPOCHS} epochs instead of {old} and continues from step "
-            f"{results.get('step')}: a {cfg.TRAIN.SCHEDULER} schedule that had ended starts again (a warm restart)")
+def _schedule_on(cfg, results: dict) -> str:
+    """How the LR schedule continues when the finished run of `results` is trained on with `cfg`."""
+    return schedule_on_extension(cfg, results.get("epochs"), results.get("step"))
 
 
 def keep_finished_result(cfg) -> str:
     """Rename OUTPUT_DIR's results.json to results-step<N>.json before the run is trained on; '' if none."""
     out = Path(cfg.OUTPUT_DIR)
-    results = read_json(out / "results.json")
-    if not cfg.TRAIN.EXTEND or not results or results.get("status") != DONE:
+    results = reader.results(out)
+    if not cfg.TRAIN.EXTEND or not is_done(results):
         return ""
     kept = kept_results_name(results.get("step", 0))
-    os.replace(out / "results.json", out / kept)
-    return f"training the finished run on: its results.json is kept as {kept}; {schedule_on(cfg, results)}"
+    os.replace(out / RESULTS, out / kept)
+    return f"training the finished run on: its results.json is kept as {kept}; {_schedule_on(cfg, results)}"
 
 
 def done_line(cfg, results: dict, why: str) -> str:
