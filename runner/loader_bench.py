@@ -15,8 +15,12 @@ from typing import Any
 import torch
 
 from runner.bench import sync
+from runner.data.sources import source
 
-IN_PROCESS_SOURCES = ("digits", "synthetic")  # in-memory tensors: build_data uses no DataLoader, so no workers
+
+def in_process(cfg: Any) -> bool:
+    """True when DATA.NAME's source makes tensors in the training process: no DataLoader, so no workers."""
+    return source(cfg.DATA.NAME).in_process
 
 
 def rank_cores() -> tuple[int, int]:
@@ -39,7 +43,7 @@ def configured_workers(cfg: Any, dist) -> int:
     """The workers training's train loader takes for this config (-1 resolved); 0 for in-memory data."""
     from runner.data.loaders import default_workers
 
-    return 0 if cfg.DATA.NAME in IN_PROCESS_SOURCES else default_workers(cfg, dist)
+    return 0 if in_process(cfg) else default_workers(cfg, dist)
 
 
 def with_workers(cfg: Any, workers: int) -> Any:
@@ -97,7 +101,7 @@ def measure_workers(cfg: Any, dist, workers: int, batches: int, warmup: int) -> 
 
 def measure(cfg: Any, dist, counts: list[int], batches: int, warmup: int) -> list[dict[str, Any]]:
     """Rows for each worker count (one row, workers 0, for in-memory data, which has no workers)."""
-    if cfg.DATA.NAME in IN_PROCESS_SOURCES:
+    if in_process(cfg):
         counts = [0]
     return [measure_workers(cfg, dist, w, batches, warmup) for w in counts]
 
@@ -117,7 +121,6 @@ def verdict(cfg: Any, dist, rows: list[dict[str, Any]], record: dict[str, Any]) 
     cores, auto = rank_cores()
     # the step's own rate with the data wait taken out: what it would consume if the loader never held it up
     need = record["train_img_per_s"] / record["world_size"] / max(1.0 - record["data_wait_frac"], 1e-9)
-    in_process = cfg.DATA.NAME in IN_PROCESS_SOURCES
     configured = configured_workers(cfg, dist)
     base = per_worker_rate(rows, cores)
     rate = base["img_per_s_per_worker"]
@@ -127,11 +130,11 @@ def verdict(cfg: Any, dist, rows: list[dict[str, Any]], record: dict[str, Any]) 
         "loader": rows, "loader_cores": cores, "loader_auto_workers": auto,
         "loader_need_img_per_s": need,
         "loader_per_worker_img_per_s": rate, "loader_per_worker_from": base["workers"],
-        "loader_workers_needed": 0 if in_process else math.ceil(need / max(rate, 1e-9)),
+        "loader_workers_needed": 0 if in_process(cfg) else math.ceil(need / max(rate, 1e-9)),
         "loader_config_workers": configured, "loader_config_img_per_s": gives,
         "loader_config_measured": at_config is not None,
         "loader_data_bound": gives < need,
-        "loader_in_process": in_process,
+        "loader_in_process": in_process(cfg),
     }
 
 

@@ -1,20 +1,19 @@
 """Mistakes knowable before OUTPUT_DIR is claimed: said first, in one line, with nothing written or locked.
 
 Light on purpose (no torch import): tools/train.py asks before anything heavy, on every rank (under torchrun the
-number of processes is in the environment). The in-memory data sets' sizes are known without loading them;
-image folders and shards are checked where they are read (runner/data, and shards' index in validation).
+number of processes is in the environment). Here the config meets its data source (runner/data/sources.py): the
+name and the source's own rules (a folder's DATA.ROOT, shards' index), then, for a source whose size is known
+without loading it (digits, synthetic), MODEL.NUM_CLASSES and the global batch. `load_config` and
+`config_command` are runner.config's with the source's rules added: the tools' opening.
 """
 from __future__ import annotations
 
-import math
+import argparse
 import os
 from typing import Any
 
+from runner.data import sources
 from runner.errors import UserError
-
-# scikit-learn's digits (runner/data/memory.read_digits): 1,797 images of 10 classes, split by DATA.VAL_FRACTION
-# as stratified_split cuts it (ceil(fraction x n) for val); tests/test_preflight.py checks both against the data
-DIGITS_SAMPLES, DIGITS_CLASSES = 1797, 10
 
 
 def world_size(env: dict[str, str] | None = None) -> int:
@@ -23,17 +22,35 @@ def world_size(env: dict[str, str] | None = None) -> int:
     return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
+def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
+                check_paths: bool = True) -> tuple[Any, Any]:
+    """runner.config.load_config, then DATA.NAME and its source's rules (files only when they are checked)."""
+    from runner.config import load_config as load
+
+    cfg, info = load(argv, parser, check_paths=check_paths)
+    sources.check_config(cfg, info.provenance, check_files=check_paths and not info.showing, world=world_size())
+    return cfg, info
+
+
+def config_command(argv: list[str] | None, parser: argparse.ArgumentParser | str,
+                   check_paths: bool = True) -> tuple[Any, Any] | None:
+    """Every tool's opening (runner.config.config_command) with the data source's rules checked too."""
+    from runner.config import build_parser, handle_info_flags
+
+    if isinstance(parser, str):
+        parser = build_parser(description=parser, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cfg, info = load_config(argv, parser, check_paths=check_paths)
+    return None if handle_info_flags(cfg, info) else (cfg, info)
+
+
 def train_split(cfg: Any) -> tuple[int, int] | None:
-    """(training samples, classes) of DATA.NAME digits or synthetic, known without loading; None for files."""
-    if cfg.DATA.NAME == "digits":
-        return DIGITS_SAMPLES - math.ceil(cfg.DATA.VAL_FRACTION * DIGITS_SAMPLES), DIGITS_CLASSES
-    if cfg.DATA.NAME == "synthetic":
-        return cfg.DATA.SYNTHETIC_SIZE, cfg.MODEL.NUM_CLASSES
-    return None
+    """(training samples, classes) of DATA.NAME's source when known without loading (digits, synthetic); else None."""
+    return sources.source(cfg.DATA.NAME).known_split(cfg)
 
 
-def check_before_claim(cfg: Any, world: int) -> None:
-    """Refuse too few MODEL.NUM_CLASSES, or a global batch larger than the training split, in one line."""
+def check_before_claim(cfg: Any, world: int, provenance: dict[str, str] | None = None) -> None:
+    """The data source's rules, then too few MODEL.NUM_CLASSES or a global batch larger than the training split."""
+    sources.check_config(cfg, provenance, world=world)
     split = train_split(cfg)
     if split is None:
         return

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 
-from runner.config import build_parser, config_command
+from runner.config import build_parser
 from runner.errors import UserError, cli
+from runner.preflight import config_command
 
 
 def _names(text: str, option: str) -> list[str]:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import sys
 import time
 
-from runner.config import config_command
+from runner.data.sources import source
 from runner.errors import DataUnavailable, UserError, cli
+from runner.preflight import config_command
 
 SPLITS = ("train", "val")  # as in runner.data.folder, which is imported only once the arguments are good
 
@@ -117,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 0
     cfg, _ = loaded
-    if cfg.DATA.NAME == "shards":
+    files = source(cfg.DATA.NAME).files  # what DATA.ROOT holds: image folders, shards, or nothing
+    if files == "shards":
         return check_shards(cfg)
-    if cfg.DATA.NAME != "folder" and not cfg.DATA.ROOT:
+    if files != "folder" and not cfg.DATA.ROOT:  # a config for in-memory data with a DATA.ROOT: read as folders
         raise UserError(f"tools/check_data.py checks image folders; this config reads DATA.NAME {cfg.DATA.NAME}, "
                         "which has no files to check (give DATA.NAME folder DATA.ROOT <folder> to check one)")
     from runner.data.folder import build_transform, scan_folder

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from runner.config import config_command
 from runner.errors import UserError, cli
+from runner.preflight import config_command
 
 
 @cli

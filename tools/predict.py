@@ -23,8 +23,10 @@ import runner  # noqa: F401  (first: its CPU-thread choice must be in the enviro
 import torch
 # isort: on
 
-from runner.config import build_parser, config_command, flatten, get_default_config
+from runner.config import build_parser, flatten, get_default_config
+from runner.data.sources import source
 from runner.errors import EXIT_USER, UserError, cli
+from runner.preflight import config_command
 
 log = logging.getLogger("runner")
 
@@ -60,7 +62,7 @@ def class_names(meta: dict, cfg, checkpoint: str, n: int) -> list[str]:
         if len(names) != n and candidate.is_file():
             names = read_class_map(candidate)
     train_dir = Path(cfg.DATA.ROOT).expanduser() / "train"
-    if len(names) != n and cfg.DATA.NAME == "folder" and train_dir.is_dir():
+    if len(names) != n and source(cfg.DATA.NAME).files == "folder" and train_dir.is_dir():
         names = [d.name for d in class_dirs(train_dir)]
     if len(names) != n:  # more outputs than the data's classes (a warned-about setting): the extra get indices
         known = list(meta.get("class_names") or [])

@@ -47,6 +47,13 @@ class ConfigInfo:
     provenance: dict[str, str] = field(default_factory=dict)  # key -> "file:line" or "command line"
     history: dict[str, list[tuple[Any, str]]] = field(default_factory=dict)  # key -> every (value, source)
 
+    @property
+    def showing(self) -> bool:
+        """--print-config, --explain or --help-keys: the config is only shown, so no file it names is checked."""
+        args = self.args
+        return (getattr(args, "print_config", False) or getattr(args, "explain", False)
+                or getattr(args, "help_keys", None) is not None)
+
     def config_text(self, cfg: CN) -> str:
         """The text --print-config shows: the merged config as YAML."""
         return dump_config(cfg)
@@ -100,6 +107,7 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
 
     check_paths False skips the checks that data, weights and OUTPUT_DIR exist, for tools that read and write
     none of them (tools/flops.py); --print-config and --explain skip them too (they only show the config).
+    DATA.NAME and its data source's rules are checked by runner.preflight.load_config, which tools call.
     """
     if parser is None:
         parser = build_parser()
@@ -121,9 +129,7 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
         cfg.OUTPUT_DIR = default_output_dir(info.files, info.overrides)
         info.provenance["OUTPUT_DIR"] = "derived from the --cfg file path and the overrides"
     expand_paths(cfg)
-    showing = (getattr(args, "print_config", False) or getattr(args, "explain", False)
-               or getattr(args, "help_keys", None) is not None)
-    validate(cfg, info.provenance, check_files=check_paths and not showing)
+    validate(cfg, info.provenance, check_files=check_paths and not info.showing)
     cfg.freeze()
     return cfg, info
 

@@ -92,11 +92,11 @@ OPTIMIZERS = (
 ).split()
 
 
-# Allowed values of the string keys that are choices (TRAIN.OPTIMIZER is checked separately)
+# Allowed values of the string keys that are choices (TRAIN.OPTIMIZER is checked separately; DATA.NAME and each
+# source's own rules by the table of sources, runner/data/sources.py, which runner.preflight adds to validate)
 ENUMS = {
     "DEVICE": ("auto", "cpu", "cuda"),
     "MODEL.COMPILE_MODE": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-    "DATA.NAME": ("digits", "folder", "synthetic", "shards"),
     "DATA.WORKER_START": ("forkserver", "fork", "spawn"),
     "AUG.REMODE": ("const", "rand", "pixel"),
     "AUG.INTERPOLATION": ("bilinear", "bicubic", "nearest", "random"),
@@ -273,7 +273,11 @@ def type_words(default: Any) -> str:
 # Validation (every rule in one place)
 # ---------------------------------------------------------------------------------------------------------
 def validate(cfg: CN, provenance: dict[str, str] | None = None, check_files: bool = True) -> None:
-    """Check enums, ranges and cross-field rules; the first problem becomes a one-line UserError."""
+    """Check enums, ranges and cross-field rules; the first problem becomes a one-line UserError.
+
+    DATA.NAME and its source's rules are not here (config/ names no data source): runner.preflight.load_config
+    adds them (runner/data/sources.py), and tools/train.py checks them again before the claim.
+    """
     prov = provenance or {}
 
     def fail(key: str, message: str, hint: str = "") -> None:
@@ -307,12 +311,6 @@ def validate(cfg: CN, provenance: dict[str, str] | None = None, check_files: boo
 def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:
     """Rules that involve several keys or the file system."""
     d, t = cfg.DATA, cfg.TRAIN
-    if d.NAME == "folder" and not d.ROOT:
-        fail("DATA.NAME", "DATA.NAME folder needs DATA.ROOT, the folder that holds the class folders")
-    if check_files and d.NAME == "folder" and not os.path.isdir(d.ROOT):
-        fail("DATA.ROOT", f"DATA.ROOT {d.ROOT!r} is not a folder")
-    if d.NAME == "shards":
-        _validate_shards(cfg, fail, check_files)
     for key in ("DATA.MEAN", "DATA.STD"):
         if len(get_value(cfg, key)) != cfg.MODEL.IN_CHANS:
             fail(key, f"{key} needs one value per input channel (MODEL.IN_CHANS {cfg.MODEL.IN_CHANS}), "
@@ -348,25 +346,6 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
     if parse_time_limit(cfg.TRAIN.TIME_LIMIT) is None:
         fail("TRAIN.TIME_LIMIT", f"TRAIN.TIME_LIMIT {cfg.TRAIN.TIME_LIMIT!r} is not a duration: write seconds "
                                  "(3600) or H:MM:SS (1:00:00), or '' for none")
-
-
-def _validate_shards(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:
-    """DATA.NAME shards: a root, no repeated augmentation; with files checked, the index, class map, selection and
-    stream count (runner.data.shards.check_source) before anything is written to OUTPUT_DIR."""
-    d = cfg.DATA
-    if not d.ROOT:
-        fail("DATA.NAME", "DATA.NAME shards needs DATA.ROOT, the folder or http(s) URL that holds class_map.json "
-                          "and train/, val/ (tools/make_shards.py writes them)")
-    if d.REPEATED_AUG > 1:
-        fail("DATA.REPEATED_AUG", f"DATA.REPEATED_AUG {d.REPEATED_AUG} is not supported with DATA.NAME shards "
-                                  "(streams read each sample once); use 1")
-    if check_files:
-        from runner.data.shards.index import check_source  # only for shards: the index and class map are small
-
-        try:
-            check_source(cfg, int(os.environ.get("WORLD_SIZE", 1)))
-        except UserError as e:
-            fail("DATA.ROOT", str(e))
 
 
 def _validate_distill(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:

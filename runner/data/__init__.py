@@ -6,12 +6,29 @@ Modules, imports running one way (each imports only those above it):
     folder/   image folders: scan (and check), decode (fast first steps), dataset (timm transforms)
     loaders   the resume contract (ResumableLoader), DeviceLoader, ShardSampler, ToDevice
     shards/   webdataset tar shards: index, the layout-free order of streams, the streaming loader
-    build     build_data(cfg, dist): the one place that reads cfg.DATA to wire them
+    sources   DATA.NAME -> Source, torch-free: each source's module (digits, synthetic, folder/source,
+              shards/source: build, and its config check run before OUTPUT_DIR is claimed) and what the rest
+              of the runner asks of it; nothing outside runner/data/ branches on DATA.NAME
+    build     build_data(cfg, dist): the source's loaders, and the warnings about keys it ignores
 
-A new data set: one module (or package) with a builder, and one line in build.SOURCES (and its name in schema.py).
-Importing this package stays cheap: image folders (torchvision, timm's transforms) load only when used.
+A new data source: one module with `build(cfg, dist)` (and optionally `check`, `known_split`) and one
+`register(...)` line in sources.py (its docstring says how).
+Importing this package stays cheap and torch-free: build (torch) and image folders (torchvision, timm's
+transforms) load on first use.
 """
-from runner.data.build import DataBundle, build_data
+from __future__ import annotations
+
+from typing import Any
+
 from runner.data.classes import read_class_map, write_class_map
 
 __all__ = ["DataBundle", "build_data", "read_class_map", "write_class_map"]
+
+
+def __getattr__(name: str) -> Any:
+    """build_data and DataBundle on first use: `import runner.data.sources` must not import torch."""
+    if name in ("DataBundle", "build_data"):
+        from runner.data import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

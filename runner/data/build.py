@@ -1,4 +1,5 @@
-"""build_data(cfg, dist): the train and val loaders of a run, and the class names, for cfg.DATA.NAME."""
+"""build_data(cfg, dist): the train and val loaders of a run, and the class names, from cfg.DATA.NAME's source
+(runner/data/sources.py), plus what the in-memory sources share."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +10,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from runner.data.loaders import DeviceLoader, ResumableLoader, ToDevice, host_loader
-from runner.data.memory import in_memory_tensors, warn_ignored_augment
+from runner.data.loaders import DeviceLoader, ResumableLoader, ToDevice
+from runner.data.memory import Tensors, warn_ignored_augment
+from runner.data.sources import source
 from runner.distributed import Dist
 
 log = logging.getLogger("runner")
@@ -41,9 +43,9 @@ def resize_for_eval(images: torch.Tensor, cfg: Any) -> torch.Tensor:
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False).contiguous()
 
 
-def _in_memory(cfg: Any, dist: Dist) -> DataBundle:
+def in_memory_bundle(cfg: Any, dist: Dist, tensors: Tensors, names: list[str]) -> DataBundle:
     """Loaders over tensors kept on the training device (or on the host when DATA.ON_DEVICE is off)."""
-    (xt, yt, xv, yv), names = in_memory_tensors(cfg, dist.device)
+    xt, yt, xv, yv = tensors
     xv = resize_for_eval(xv, cfg)
     dev = dist.device if cfg.DATA.ON_DEVICE else torch.device("cpu")
     xt, yt, xv, yv = (t.to(dev) for t in (xt, yt, xv, yv))
@@ -56,32 +58,11 @@ def _in_memory(cfg: Any, dist: Dist) -> DataBundle:
     return DataBundle(train, val, names)
 
 
-def _folder(cfg: Any, dist: Dist) -> DataBundle:
-    """Image folders (scan, budget, timm transforms) through host DataLoaders."""
-    from runner.data.folder import build_folder_datasets  # torchvision and timm's transforms: only when needed
-
-    train_ds, val_ds, names = build_folder_datasets(cfg)
-    return DataBundle(host_loader(train_ds, cfg, dist, batch_size=cfg.DATA.BATCH_SIZE, train=True),
-                      host_loader(val_ds, cfg, dist, batch_size=eval_batch_size(cfg), train=False), list(names))
-
-
-def _shards(cfg: Any, dist: Dist) -> DataBundle:
-    """webdataset-format tar shards streamed in a layout-free order (runner/data/shards)."""
-    from runner.data.shards import build_shards  # webdataset and timm's transforms: only when needed
-
-    return DataBundle(*build_shards(cfg, dist, eval_batch_size(cfg)))
-
-
-# DATA.NAME -> builder; a new source is one module under runner/data/ and one line here (and its name in schema.py)
-SOURCES = {"digits": _in_memory, "synthetic": _in_memory, "folder": _folder, "shards": _shards}
-IMAGE_FILE_SOURCES = ("folder", "shards")  # decoded through timm's transforms: AUG.* and EVAL.CROP_PCT apply
-
-
 def _log_eval_size(cfg: Any) -> None:
     """Say when evaluation runs at another size or crop than training, and when a crop has no effect."""
     if cfg.EVAL.IMG_SIZE and cfg.EVAL.IMG_SIZE != cfg.DATA.IMG_SIZE:
         log.info("evaluating at %d px (EVAL.IMG_SIZE), training at %d px", cfg.EVAL.IMG_SIZE, cfg.DATA.IMG_SIZE)
-    if cfg.EVAL.CROP_PCT and cfg.DATA.NAME not in IMAGE_FILE_SOURCES:
+    if cfg.EVAL.CROP_PCT and not source(cfg.DATA.NAME).files:
         log.warning("DATA.NAME %s ignores EVAL.CROP_PCT: in-memory images are resized whole, never cropped",
                     cfg.DATA.NAME)
 
@@ -94,13 +75,14 @@ def warn_ignored_shift(cfg: Any) -> None:
 
 
 def build_data(cfg: Any, dist: Dist) -> DataBundle:
-    """The train and val loaders for cfg.DATA.NAME."""
+    """The train and val loaders of cfg.DATA.NAME's source."""
     t0 = time.perf_counter()
-    if cfg.DATA.NAME not in IMAGE_FILE_SOURCES:
+    src = source(cfg.DATA.NAME)
+    if not src.files:  # image files are decoded through timm's transforms: AUG.* and EVAL.CROP_PCT apply
         warn_ignored_augment(cfg)
     else:
         warn_ignored_shift(cfg)
-    bundle = SOURCES[cfg.DATA.NAME](cfg, dist)
+    bundle = src.build(cfg, dist)
     _log_eval_size(cfg)
     log.debug("data ready in %.2fs", time.perf_counter() - t0)
     return bundle

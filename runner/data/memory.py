@@ -1,5 +1,5 @@
-"""In-memory data sets (DATA.NAME digits, synthetic): whole tensors built once, plus their one augmentation,
-a seeded random shift that runs on the device."""
+"""In-memory data sets (DATA.NAME digits, synthetic: their source modules are runner/data/digits.py and
+synthetic.py): whole tensors built once, plus their one augmentation, a seeded random shift that runs on the device."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,8 +11,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from runner.data.classes import check_classes
 
 log = logging.getLogger("runner")
 
@@ -83,15 +81,6 @@ def synthetic_tensors(cfg: Any, device: torch.device) -> Tensors:
     x = torch.randn(n + n_val, c, s, s, device=device, generator=g)
     y = torch.randint(0, k, (n + n_val,), device=device, generator=g)
     return x[:n], y[:n], x[n:], y[n:]
-
-
-def in_memory_tensors(cfg: Any, device: torch.device) -> tuple[Tensors, list[str]]:
-    """The tensors of DATA.NAME digits or synthetic and their class names, checked against MODEL.NUM_CLASSES."""
-    if cfg.DATA.NAME == "digits":
-        names = [str(i) for i in range(10)]
-        check_classes(cfg, names, "DATA.NAME digits")
-        return load_digits_tensors(cfg), names
-    return synthetic_tensors(cfg, device), [str(i) for i in range(cfg.MODEL.NUM_CLASSES)]
 
 
 def warn_ignored_augment(cfg: Any) -> None:

@@ -18,9 +18,9 @@ from runner.config import (
     diff_configs,
     get_default_config,
     handle_info_flags,
-    load_config,
 )
 from runner.errors import UserError, cli
+from runner.preflight import load_config  # the config with its data source's rules
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = REPO / "configs" / "test" / "chain"

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from runner import distributed
-from runner.config import ENUMS, default_output_dir, dump_config, load_config
+from runner.config import ENUMS, default_output_dir, dump_config
 from runner.errors import UserError
+from runner.preflight import load_config  # the config with its data source's rules
 from tests.utils import TINY, assert_user_error, env, run_tool
 
 REPO = Path(__file__).resolve().parents[2]

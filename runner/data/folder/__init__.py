@@ -1,27 +1,26 @@
 """Image folders (DATA.NAME folder): scan (and check) the tree, decode fast, and the datasets with timm's
-transforms. Imports run scan, decode <- dataset; this package gathers their public names."""
-from runner.data.folder.dataset import (
-    FolderDataset,
-    build_folder_datasets,
-    build_transform,
-    check_auto_augment,
-    image_mode,
-    timm_transform,
-)
-from runner.data.folder.decode import DECODE_ERRORS, open_image, speed_up
-from runner.data.folder.scan import (
-    IMG_EXTENSIONS,
-    MAX_WARNINGS,
-    SPLITS,
-    FolderIndex,
-    check_budget,
-    check_file,
-    class_dirs,
-    scan_folder,
-)
+transforms; `source` is the source module (runner/data/sources.py). Imports run scan, decode <- dataset <- source;
+this package gathers their public names, each imported on first use (the table of sources imports `source`
+before any torch)."""
+from __future__ import annotations
 
-__all__ = [
-    "DECODE_ERRORS", "IMG_EXTENSIONS", "MAX_WARNINGS", "SPLITS", "FolderDataset", "FolderIndex",
-    "build_folder_datasets", "build_transform", "check_auto_augment", "check_budget", "check_file", "class_dirs",
-    "image_mode", "open_image", "scan_folder", "speed_up", "timm_transform",
-]
+import importlib
+from typing import Any
+
+_HOME = {  # public name -> the module of this package that defines it
+    **dict.fromkeys(["FolderDataset", "build_folder_datasets", "build_transform", "check_auto_augment", "image_mode",
+                     "timm_transform"], "dataset"),
+    **dict.fromkeys(["DECODE_ERRORS", "open_image", "speed_up"], "decode"),
+    **dict.fromkeys(["IMG_EXTENSIONS", "MAX_WARNINGS", "SPLITS", "FolderIndex", "check_budget", "check_file",
+                     "class_dirs", "scan_folder"], "scan"),
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module now (and kept)."""
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
