@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from runner.data.memory import export_digits_jpegs
+from runner.rundir.layout import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["--cfg", str(ROOT / "configs" / "digits" / "resnet18.yaml"), "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "32",
@@ -70,7 +71,7 @@ def train(argv: list[str], out: Path) -> float:
     """tools/train.py; the final val/top1."""
     subprocess.run([sys.executable, str(ROOT / "tools" / "train.py"), *argv, "OUTPUT_DIR", str(out)], cwd=ROOT,
                    check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    return json.loads((out / "results.json").read_text())["val/top1"]
+    return json.loads((out / RESULTS).read_text())["val/top1"]
 
 
 def main() -> None:

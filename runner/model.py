@@ -14,6 +14,7 @@ import torch.nn as nn
 from runner.checkpoint import NotADict, describe, is_torch_archive, load_file, load_reason, zip_entries
 from runner.distributed import Dist
 from runner.errors import UserError
+from runner.rundir.layout import BEST, CHECKPOINTS
 
 log = logging.getLogger("runner")
 
@@ -223,7 +224,7 @@ def read_weights_file(path: str, where: str) -> dict:
     p = Path(path)
     if p.is_dir():
         raise UserError(f"{where} is a folder, not a weights file; name a .pth file in it (e.g. "
-                        f"{p / 'checkpoints' / 'best.pth'})")
+                        f"{p / CHECKPOINTS / BEST})")
     if not p.is_file():
         raise UserError(f"{where} does not exist; give a local weights file (.pth or .safetensors)")
     kind = _sniff(p)

@@ -137,7 +137,7 @@ class Preemption(Hook):
             distributed.barrier()  # no rank exits before rank 0's checkpoint is on disk
             out = self.checkpointer.out
             why = f"{self.flag.reason}: stopped" if self.flag.reason else "preempted"
-            raise Preempted(f"{why} at step {trainer.step}: checkpoint saved in {out / 'checkpoints'}; "
+            raise Preempted(f"{why} at step {trainer.step}: checkpoint saved in {out / CHECKPOINTS}; "
                             "rerun the same command to continue")
 
     def after_epoch(self, trainer) -> None:
