@@ -1,0 +1,87 @@
+"""python -m runner.sweep: a sweep file's points for the bash launchers of tools/sweeps/ (no torch is imported).
+
+    python -m runner.sweep points [--no-paths] [--root DIR] FILE [KEY VALUE ...]
+    python -m runner.sweep root FILE
+
+points: reads FILE, builds every point's config once (KEY VALUE: for every point, see runner/sweep/points.py) and
+prints, per point, its folder name, its OUTPUT_DIR, the number N of its tools/train.py arguments and those N
+arguments, each field ended by a NUL byte: no field is ever read or evaluated by a shell, so values with spaces,
+quotes, $() or newlines come through exactly. --no-paths: data and checkpoint files are not looked at (SLURM: the
+compute nodes may see other files); --root DIR: the points' folders under DIR instead of the file's root.
+Read it in bash (4.4 or later) with
+
+    out=$(mktemp)
+    python -m runner.sweep points "$FILE" "$@" >"$out" || exit 2   # a mistake: its line is on stderr
+    mapfile -d '' -t F <"$out"
+    for ((i = 0; i < ${#F[@]}; i += 3 + F[i + 2])); do
+      name=${F[i]} dir=${F[i + 1]} args=("${F[@]:i + 3:F[i + 2]}")
+      python tools/train.py "${args[@]}"
+    done
+
+root: prints the sweep's root folder and a newline (`root=$(python -m runner.sweep root "$FILE")`).
+A mistake: one line on stderr ('error: sweep FILE[:LINE]: ...'), exit 2, nothing on stdout.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from runner.errors import UserError, cli
+from runner.sweep.points import Point, load_points
+from runner.sweep.spec import read_sweep
+
+USAGE = ("usage: python -m runner.sweep points [--no-paths] [--root DIR] FILE [KEY VALUE ...] | "
+         "python -m runner.sweep root FILE")
+
+
+def encode(points: Sequence[Point]) -> bytes:
+    """The points as NUL-ended fields: name, OUTPUT_DIR, N, then N tools/train.py arguments, per point."""
+    fields: list[str] = []
+    for point in points:
+        fields += [point.name, point.output_dir, str(len(point.argv)), *point.argv]
+    # surrogateescape: an argument that was not UTF-8 on our command line goes out as the same bytes
+    return b"".join(field.encode("utf-8", "surrogateescape") + b"\0" for field in fields)
+
+
+def _options(args: list[str]) -> tuple[bool, str | None, list[str]]:
+    """(check paths, root or None, FILE and the rest) from `points`' arguments."""
+    check_paths, root = True, None
+    while args and args[0].startswith("--"):
+        flag = args.pop(0)
+        if flag == "--no-paths":
+            check_paths = False
+        elif flag == "--root" and args:
+            root = args.pop(0)
+        elif flag.startswith("--root="):
+            root = flag.split("=", 1)[1]
+        else:
+            raise UserError(f"unknown option {flag}; {USAGE}")
+    if not args:
+        raise UserError(f"no sweep file given; {USAGE}")
+    if root is not None and not root:
+        raise UserError("--root is empty: give a folder")
+    return check_paths, root, args
+
+
+@cli
+def main(argv: Sequence[str] | None = None) -> int:
+    """Answer `points` or `root`; everything is checked before a byte is written to stdout."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    command = args.pop(0) if args else ""
+    if command == "root" and len(args) == 1:
+        print(read_sweep(args[0]).root)
+    elif command == "points":
+        check_paths, root, rest = _options(args)
+        _, points = load_points(rest[0], rest[1:], root=root, check_paths=check_paths)
+        sys.stdout.buffer.write(encode(points))
+        sys.stdout.flush()
+    else:
+        raise UserError(USAGE)
+    return 0
+
+
+if __name__ == "__main__":
+    main()
