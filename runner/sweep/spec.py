@@ -116,6 +116,7 @@ class _Reader:
     def __init__(self, path: str, loader: yaml.SafeLoader):
         self.path, self.loader = path, loader
         self.sections: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        self.mappings: dict[int, dict[str, tuple[yaml.Node, yaml.Node]]] = {}
 
     def fail(self, node: yaml.Node | None, message: str) -> UserError:
         """A UserError 'sweep PATH:LINE: message' (no line without a node)."""
@@ -161,6 +162,8 @@ class _Reader:
         """key -> (key node, value node) of a mapping (merge keys applied), refusing repeated and non-text keys."""
         if not isinstance(node, yaml.MappingNode):
             raise self.fail(node, f"{what} must be a mapping of KEY: value, got {_kind(node)}")
+        if id(node) in self.mappings:  # an alias of a mapping read before: its merge keys are already applied
+            return self.mappings[id(node)]
         own = [k for k, _ in node.value if k.tag != _MERGE_TAG]
         self.loader.flatten_mapping(node)  # <<: *anchor, whose keys the mapping's own keys may override
         out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
@@ -172,6 +175,7 @@ class _Reader:
                 raise self.fail(knode, f"{what}: {key} is given twice (first at line "
                                        f"{out[key][0].start_mark.line + 1})")
             out[key] = (knode, vnode)
+        self.mappings[id(node)] = out
         return out
 
     def values(self, section: str, node: yaml.Node | None) -> dict[str, Value]:
