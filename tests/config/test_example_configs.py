@@ -10,7 +10,8 @@ from timm.optim import list_optimizers
 from runner.config import diff_configs, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "test" not in p.parts and p.name != "base.yaml")
+EXAMPLES = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "test" not in p.parts and "sweeps" not in p.parts
+                  and p.name != "base.yaml")  # configs/sweeps: sweep files (runner.sweep), not configs
 
 
 def test_there_are_examples():
