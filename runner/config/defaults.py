@@ -58,8 +58,8 @@ _C.MODEL.GRAD_CHECKPOINTING = False
 # Data
 # ---------------------------------------------------------------------------------------------------------
 _C.DATA = CN()
-# Dataset: digits (sklearn 8x8 digits, in memory) | folder (ImageFolder layout under ROOT) | synthetic | shards
-# (webdataset tar shards under ROOT, streamed: see SHARD_*)
+# Dataset, a name in runner/data/sources.py (which checks it): digits (sklearn 8x8 digits, in memory) | folder
+# (ImageFolder layout under ROOT) | synthetic | shards (webdataset tar shards under ROOT, streamed: see SHARD_*)
 _C.DATA.NAME = "digits"
 # Dataset root folder (needed by folder and shards; shards also take an http(s) URL); "~" expanded; relative to
 # the current folder
