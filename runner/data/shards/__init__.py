@@ -1,6 +1,7 @@
 """DATA.NAME shards: webdataset-format tar shards (KEY.jpg + KEY.cls, as tools/make_shards.py, img2dataset and
 timm's wds reader have them) streamed once per epoch in a layout-free order that resumes mid-epoch on any number
-of processes the stream count allows. Imports run index, order <- stream; this package builds the DataBundle."""
+of processes the stream count allows. Imports run index, order <- stream <- source (the source module:
+runner/data/sources.py); this package builds the loaders."""
 from __future__ import annotations
 
 from typing import Any

@@ -2,8 +2,8 @@
 steps per epoch are known before step 1), DATA.ROOT/class_map.json, and the URL of each shard
 (DATA.SHARD_URL: a path, an http(s) URL or a `pipe:COMMAND`, opened by webdataset's gopen).
 
-Small reads only (webdataset is imported once a stream is opened): validation calls check_source before anything
-is written to OUTPUT_DIR.
+Small reads only (webdataset is imported once a stream is opened): the source's check (shards/source.py) calls
+check_source before anything is written to OUTPUT_DIR.
 """
 from __future__ import annotations
 
