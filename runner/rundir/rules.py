@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 from runner.errors import UserError
-from runner.optim import schedule_on_extension
 from runner.rundir import reader
 from runner.rundir.checkpoints import has_checkpoints
 from runner.rundir.layout import CHECKPOINTS, CONFIG, METRICS, RESULTS, RUN_JSON, kept_results_name
@@ -165,6 +164,8 @@ def finished_run(cfg) -> tuple[dict, str] | None:
 
 def _schedule_on(cfg, results: dict) -> str:
     """How the LR schedule continues when the finished run of `results` is trained on with `cfg`."""
+    from runner.optim import schedule_on_extension  # only a refusal or an extension says it: the done path skips it
+
     return schedule_on_extension(cfg, results.get("epochs"), results.get("step"))
 
 
