@@ -13,7 +13,6 @@ Prints the machine load before and after.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -21,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from runner.rundir import reader
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
@@ -41,7 +42,7 @@ def one_run(name: str, extra: list[str]) -> tuple[float, float]:
                         *args, *extra, "OUTPUT_DIR", f"{tmp}/run"], cwd=ROOT, env=env, check=True,
                        stdout=subprocess.DEVNULL)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        rows = [json.loads(line) for line in Path(tmp, "run", "metrics.jsonl").read_text().splitlines()]
+        rows = reader.metrics_rows(Path(tmp, "run"))
         speed = statistics.median(r["train/img_per_s"] for r in rows if "train/img_per_s" in r)
     return speed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

@@ -34,7 +34,7 @@ SINKS: dict[str, Entry] = {
 }
 
 
-def _modules(cfg, entries: list[Entry]) -> list[ModuleType]:
+def _modules(entries: list[Entry]) -> list[ModuleType]:
     """The modules of `entries` (importing each one's library); a missing library is a user mistake."""
     found = []
     for entry in entries:
@@ -60,7 +60,7 @@ def check_sinks(cfg, dist=None, group=None) -> None:
     error = None
     if dist is None or dist.is_main:
         try:
-            for module in _modules(cfg, entries):
+            for module in _modules(entries):
                 if hasattr(module, "check"):
                     module.check(cfg)
         except UserError as e:
@@ -76,7 +76,7 @@ def check_sinks(cfg, dist=None, group=None) -> None:
 def open_sinks(ctx: SinkContext) -> list[Sink]:
     """The sinks the config turns on, in the table's order, each continuing at ctx.resume_step."""
     sinks = []
-    for module in _modules(ctx.cfg, [e for e in SINKS.values() if e.on(ctx.cfg)]):
+    for module in _modules([e for e in SINKS.values() if e.on(ctx.cfg)]):
         sink = module.open_sink(ctx)
         if sink is not None:
             sinks.append(sink)
