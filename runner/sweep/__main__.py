@@ -19,6 +19,13 @@ Read it in bash (4.4 or later) with
     done
 
 root: prints the sweep's root folder and a newline (`root=$(python -m runner.sweep root "$FILE")`).
+
+    python -m runner.sweep search [--table | --no-table] FILE [KEY VALUE ...]
+
+search: runs ONE worker of the file's search: (runner/sweep/search.py) until the study in ROOT/study.journal is
+done, then prints its table and the best trial's command; run several at once (one machine or a cluster's shared
+file system) and they share the study. Exit 0 done, 75 stopped by a signal (its trial saved: run it again),
+1 when every finished trial failed. --table: print the table only (trains nothing); --no-table: the worker only.
 A mistake: one line on stderr ('error: sweep FILE[:LINE]: ...'), exit 2, nothing on stdout.
 """
 from __future__ import annotations
@@ -31,7 +38,7 @@ from runner.sweep.points import Point, load_points
 from runner.sweep.spec import read_sweep
 
 USAGE = ("usage: python -m runner.sweep points [--no-paths] [--root DIR] FILE [KEY VALUE ...] | "
-         "python -m runner.sweep root FILE")
+         "python -m runner.sweep root FILE | python -m runner.sweep search [--table | --no-table] FILE [KEY VALUE ...]")
 
 
 def encode(points: Sequence[Point]) -> bytes:
@@ -73,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.pop(0) if args else ""
     if command == "root" and len(args) == 1:
         print(read_sweep(args[0]).root)
+    elif command == "search":
+        from runner.sweep.cli import search_command  # Optuna is imported by the search only
+
+        return search_command(args, USAGE)
     elif command == "points":
         check_paths, root, rest = _options(args)
         _, points = load_points(rest[0], rest[1:], root=root, check_paths=check_paths)

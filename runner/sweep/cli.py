@@ -1,0 +1,34 @@
+"""`python -m runner.sweep search`: one worker of a sweep file's search, then the study's table."""
+from __future__ import annotations
+
+from optuna.trial import TrialState
+
+from runner.errors import EXIT_OK, UserError
+from runner.sweep.search import load_search
+from runner.sweep.study import open_study
+from runner.sweep.table import render
+from runner.sweep.worker import run_worker
+
+OPTIONS = ("--table", "--no-table")
+
+
+def search_command(args: list[str], usage: str) -> int:
+    """Run one worker (unless --table), then print the table (unless --no-table); the exit code."""
+    flags = []
+    while args and args[0] in OPTIONS:
+        flags.append(args.pop(0))
+    if not args or args[0].startswith("-") or len(flags) > 1:
+        raise UserError(usage)
+    search = load_search(args[0], args[1:])
+    code = EXIT_OK if "--table" in flags else run_worker(search, log=lambda line: print(line, flush=True))
+    study = open_study(search, create=False)  # a read: the journal's own lock suffices
+    if "--no-table" not in flags:
+        print(render(search, study) if study is not None else f"no study in {search.root} yet", flush=True)
+    return code or _verdict(study)
+
+
+def _verdict(study) -> int:
+    """1 when trials ended and every one of them failed, else 0."""
+    ended = [t for t in (study.get_trials(deepcopy=False) if study is not None else [])
+             if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)]
+    return 1 if ended and all(t.state == TrialState.FAIL for t in ended) else 0

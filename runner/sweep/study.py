@@ -1,0 +1,98 @@
+"""The search's Optuna study: one study in ROOT/study.journal (Optuna's JournalStorage with its file backend, so a
+cluster's shared file system is enough: no database server), its space as Optuna distributions, its sampler.
+
+The study is named after the sweep file and keeps what it was made with (metric, mode, rungs, space, the shared
+config) as one user attr; opening it with other settings is refused with the first difference, in one line.
+`trials` is not kept: raising it continues the same study with more trials (it counts the study's trials).
+"""
+from __future__ import annotations
+
+import os
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+
+from runner.errors import UserError
+from runner.sweep.search import Search, fail, stored
+
+JOURNAL = "study.journal"
+SETTINGS = "settings"  # the study user attr holding Search.settings()
+
+
+def journal_path(search: Search) -> str:
+    """ROOT/study.journal."""
+    return os.path.join(search.root, JOURNAL)
+
+
+def study_name(search: Search) -> str:
+    """The study's name: the sweep file's name without its extension."""
+    return os.path.splitext(os.path.basename(search.sweep.path))[0]
+
+
+def distributions(search: Search) -> dict[str, BaseDistribution]:
+    """The space as Optuna distributions, named by config key."""
+    out: dict[str, BaseDistribution] = {}
+    for key, dim in search.space.items():
+        if dim.kind == "choice":
+            out[key] = CategoricalDistribution([stored(dim, v) for v in dim.args])
+        elif isinstance(dim.args[0], int):  # int ranges, and log ranges of a whole-number key
+            out[key] = IntDistribution(dim.args[0], dim.args[1], log=dim.kind == "log")
+        else:
+            out[key] = FloatDistribution(dim.args[0], dim.args[1], log=dim.kind == "log")
+    return out
+
+
+def make_sampler(search: Search, number: int) -> BaseSampler:
+    """The sampler that draws trial `number`: seeded with seed + number when a seed is given."""
+    # a sampler per trial: two workers with the same seed would otherwise draw the same first values
+    seed = None if search.seed is None else search.seed + number
+    if search.sampler == "random":
+        return RandomSampler(seed=seed)
+    if search.sampler == "grid":
+        grid = {k: list(d.choices) for k, d in distributions(search).items() if isinstance(d, CategoricalDistribution)}
+        grid.update({k: list(range(d.low, d.high + 1)) for k, d in distributions(search).items()
+                     if isinstance(d, IntDistribution)})
+        return GridSampler(grid, seed=search.seed)  # one order of the grid for every worker
+    # constant_liar off: a trial waiting at a rung is RUNNING; the liar would count it as the worst value
+    return TPESampler(seed=seed, constant_liar=False)
+
+
+def open_study(search: Search, create: bool = True) -> optuna.Study | None:
+    """The study in ROOT/study.journal, made when missing (create), checked against `search` (call under the lock)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    path = journal_path(search)
+    if not create and not os.path.isfile(path):
+        return None
+    os.makedirs(search.root, exist_ok=True)
+    storage = JournalStorage(JournalFileBackend(path))
+    names = [s.study_name for s in storage.get_all_studies()]
+    name = study_name(search)
+    if names and name not in names:
+        raise fail(search.sweep, f"{path} holds the study {names[0]!r}, not {name!r} (was the sweep file renamed?); "
+                                 "give root: another folder for a new study")
+    if name not in names and not create:
+        return None
+    study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
+                                direction="maximize" if search.maximize else "minimize")
+    if SETTINGS not in study.user_attrs:
+        study.set_user_attr(SETTINGS, search.settings())
+    check_settings(search, study)
+    return study
+
+
+def check_settings(search: Search, study: optuna.Study) -> None:
+    """Refuse a study made with another metric, mode, space, rungs or shared config: the first difference."""
+    was, now = study.user_attrs.get(SETTINGS) or {}, search.settings()
+    for key in sorted(set(was) | set(now)):
+        if was.get(key) != now.get(key):
+            raise UserError(f"sweep {search.sweep.path}: search: the study in {journal_path(search)} was made with "
+                            f"{key}: {was.get(key, '(none)')}, now {now.get(key, '(none)')}; change it back, or give "
+                            "root: another folder for a new study")
+
+
+def trial_handle(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> optuna.Trial:
+    """A live Trial for a trial another worker may have asked for (to report its rung values)."""
+    return optuna.Trial(study, trial._trial_id)  # Optuna has no public lookup of a trial's id by its number

@@ -1,0 +1,206 @@
+"""One search worker: pick a job under ROOT's lock, train its trial to the rung, report, again, until the study is
+done. No controller process: the journal (ROOT/study.journal) and the trial folders (ROOT/trial_N) are the state.
+
+A job is marked taken in the journal (the trial's user attr `job`: rung epoch, worker host:pid, time) while the
+decision's lock is held, so two workers never take the same job. A worker stopped by a signal lets its trial save
+(tools/train.py exits 75), releases the job (worker None) and exits 75: the next worker resumes the trial from its
+checkpoint, exactly. A worker that died without releasing (SIGKILL, a lost node) is found out by its pid (same
+host) or by its trial folder's lock and file times (another host); its job is then resumed the same way.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from runner.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED
+from runner.rundir import reader
+from runner.rundir.layout import LOG
+from runner.sweep import asha
+from runner.sweep.search import Search
+from runner.sweep.study import distributions, make_sampler, open_study, trial_handle
+
+LOCK = "search.lock"
+POLL_S = 5.0  # how often a worker with nothing to do looks again while other workers train
+TAKE_GRACE_S = 300.0  # another host's job counts as alive this long after it was taken (start-up writes nothing)
+TRAIN_PY = Path(__file__).resolve().parents[2] / "tools" / "train.py"
+STOP_CODES = (EXIT_PREEMPTED, EXIT_INTERRUPTED)  # the trial saved (or was stopped): it resumes, the worker stops
+
+
+@contextlib.contextmanager
+def locked(root: str) -> Iterator[None]:
+    """ROOT/search.lock held exclusively: one worker at a time reads the study, chooses and marks a job."""
+    # fcntl.flock is exact on one machine and on NFSv4 / Lustre / GPFS with locking on; on old NFS (v2/v3 without
+    # lockd) or a mount with `nolock` it only locks on this host, and two hosts could take one job
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, LOCK), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def worker_id() -> str:
+    """This worker as host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def live(search: Search, trial: FrozenTrial, now: float | None = None) -> bool:
+    """True while the worker that took the trial's job is alive (or may be: another host's, recently)."""
+    job = trial.user_attrs.get(asha.JOB) or {}
+    host, _, pid = str(job.get("worker") or "").rpartition(":")
+    if not pid.isdigit():
+        return False  # released by a stopped worker
+    if host == socket.gethostname():
+        return _pid_alive(int(pid))
+    now = time.time() if now is None else now
+    return now - float(job.get("since", 0)) < TAKE_GRACE_S or reader.state(search.trial_dir(trial.number)) == "running"
+
+
+def _pid_alive(pid: int) -> bool:
+    """True when a process with this id exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def take(search: Search, study: optuna.Study) -> tuple[asha.Job | None, bool]:
+    """(the job this worker takes, or None; whether other workers still train), decided under the lock."""
+    with locked(search.root):
+        trials = study.get_trials(deepcopy=False)
+        is_live = functools.partial(live, search)
+        job = asha.next_job(trials, search.rungs, search.eta, search.maximize, search.trials, is_live)
+        if job is None:
+            return None, asha.busy(trials, is_live)
+        if job.number is None:
+            study.sampler = make_sampler(search, len(trials))
+            job = asha.Job(study.ask(distributions(search)).number, job.epoch, job.why)
+        mark(study, job.number, {"epoch": job.epoch, "worker": worker_id(), "since": time.time()})
+        return job, True
+
+
+def mark(study: optuna.Study, number: int, job: dict | None) -> None:
+    """Set (or clear, None) trial `number`'s job attr."""
+    trial_handle(study, study.get_trials(deepcopy=False)[number]).set_user_attr(asha.JOB, job)
+
+
+def command(search: Search, trial: FrozenTrial, epoch: int) -> list[str]:
+    """tools/train.py's command for the trial to the end of `epoch` (no pause at the full length)."""
+    argv = [sys.executable, str(TRAIN_PY), *search.argv(trial.params, search.trial_dir(trial.number))]
+    return argv if epoch >= search.rungs[-1] else [*argv, "--pause-after-epoch", str(epoch)]
+
+
+def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest) -> int:
+    """Run the trial's segment as a subprocess (output appended to ROOT/logs/trial_N.log); its exit code."""
+    logs = Path(search.root) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"trial_{trial.number}.log", "ab") as out:
+        proc = subprocess.Popen(command(search, trial, epoch), stdout=out, stderr=subprocess.STDOUT)
+        stop.child = proc
+        try:
+            return proc.wait()
+        finally:
+            stop.child = None
+
+
+def rung_value(search: Search, number: int, epoch: int) -> float | None:
+    """The metric of the evaluation at the end of `epoch`, from the trial's metrics.jsonl (None: not there)."""
+    metrics = reader.read_metrics(search.trial_dir(number))
+    rows = [r for r in (metrics.rows if metrics else []) if r.get("epoch") == epoch and search.metric in r]
+    return float(rows[-1][search.metric]) if rows else None
+
+
+def finish(search: Search, study: optuna.Study, job: asha.Job, code: int) -> None:
+    """Record a segment's end under the lock: its rung value, COMPLETE at the last rung, FAIL, or released."""
+    with locked(search.root):
+        if code in STOP_CODES:
+            mark(study, job.number, {"epoch": job.epoch, "worker": None, "since": time.time()})
+            return
+        value = rung_value(search, job.number, job.epoch) if code == 0 else None
+        trial = trial_handle(study, study.get_trials(deepcopy=False)[job.number])
+        if value is None:
+            trial.set_user_attr("error", _error_text(search, job, code))
+            trial.set_user_attr(asha.JOB, None)
+            study.tell(job.number, state=TrialState.FAIL)
+            return
+        trial.report(value, step=job.epoch)
+        trial.set_user_attr(asha.JOB, None)
+        if job.epoch >= search.rungs[-1]:
+            study.tell(job.number, value)
+
+
+def _error_text(search: Search, job: asha.Job, code: int) -> str:
+    """Why a segment failed, in one line: the exit code and the run's last log line."""
+    if code == 0:
+        return f"exit 0 but no {search.metric} at epoch {job.epoch} in metrics.jsonl"
+    try:
+        lines = (Path(search.trial_dir(job.number)) / LOG).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return f"exit {code}" + (f": {lines[-1].strip()[:200]}" if lines else "")
+
+
+def settle(search: Search, study: optuna.Study) -> None:
+    """The study is done: trials left waiting at a rung are told PRUNED (their rung values stay)."""
+    with locked(search.root):
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if not trial.user_attrs.get(asha.JOB):  # none is left: settle runs when no job is owed
+                study.tell(trial.number, state=TrialState.PRUNED)
+
+
+class StopRequest:
+    """SIGTERM, SIGUSR1 or Ctrl-C: the worker takes no new job; SIGTERM and SIGUSR1 are passed to the trial."""
+
+    def __init__(self) -> None:
+        self.requested, self.child = False, None
+
+    def install(self) -> None:
+        """Take over the three signals (the trial's own process saves on them and exits 75)."""
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        """Note it; pass SIGTERM/SIGUSR1 on (a second one is harmless to train.py; Ctrl-C reaches the group)."""
+        self.requested = True
+        child = self.child
+        if child is not None and signum != signal.SIGINT and child.poll() is None:
+            child.send_signal(signum)
+
+
+def run_worker(search: Search, poll_s: float = POLL_S, log=print) -> int:
+    """Take and train jobs until the study is done (0) or a signal stops this worker (75)."""
+    stop = StopRequest()
+    stop.install()
+    with locked(search.root):
+        study = open_study(search)
+    while not stop.requested:
+        job, others = take(search, study)
+        if job is None and not others:
+            settle(search, study)
+            return 0
+        if job is None:
+            time.sleep(poll_s)
+            continue
+        trial = study.get_trials(deepcopy=False)[job.number]
+        log(f"search: trial {job.number}: {job.why}, to epoch {job.epoch} ({search.trial_dir(job.number)})")
+        code = train(search, trial, job.epoch, stop)
+        finish(search, study, job, code)
+        if code in STOP_CODES:
+            return EXIT_PREEMPTED
+    return EXIT_PREEMPTED
