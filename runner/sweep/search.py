@@ -174,10 +174,10 @@ def _space(sweep: Sweep, raw: Any, cfg: Any) -> dict[str, Dim]:
 def _dim(sweep: Sweep, key: Any, spec: Any, cfg: Any) -> Dim:
     """One key of the space."""
     default = _config_key(sweep, key)
-    if key in sweep.fixed:
-        raise fail(sweep, f"space: {key} is also in set:; give each key in one place")
     if key in ("TRAIN.EPOCHS", "TRAIN.MAX_STEPS"):
         raise fail(sweep, f"space: {key} sets the trials' length, which the rungs are made of; it cannot be searched")
+    if key in sweep.fixed:
+        raise fail(sweep, f"space: {key} is also in set:; give each key in one place")
     if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in KINDS:
         raise fail(sweep, f"space: {key}: give one of {{log: [lo, hi]}}, {{uniform: [lo, hi]}}, {{int: [lo, hi]}}, "
                           f"{{choice: [...]}}, got {spec!r}")
