@@ -3,7 +3,8 @@
 `fake_train.py --cfg=... KEY VALUE ... OUTPUT_DIR DIR [--pause-after-epoch E]` appends one evaluation row per epoch
 from the last one in DIR/metrics.jsonl to E (TRAIN.EPOCHS without the flag), val/top1 a function of TRAIN.LR and
 the epoch, writes run.json (paused or done) and DIR/calls.txt (one line per call: the epochs it trained), exits 0.
-FAKE_FAIL_ABOVE=X: a TRAIN.LR above X fails (exit 1, 'boom' in DIR/log.txt). FAKE_EXIT=N:E makes a call that would train epoch E exit N first (75: preempted, nothing written), once per DIR.
+FAKE_FAIL_ABOVE=X: a TRAIN.LR above X fails (exit 1, 'boom' in DIR/log.txt). FAKE_EXIT=N:E makes a call that
+would train epoch E exit N first (75: preempted, nothing written), once per DIR.
 """
 from __future__ import annotations
 
