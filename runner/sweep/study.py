@@ -55,9 +55,16 @@ def make_sampler(search: Search, number: int) -> BaseSampler:
         grid = {k: list(d.choices) for k, d in distributions(search).items() if isinstance(d, CategoricalDistribution)}
         grid.update({k: list(range(d.low, d.high + 1)) for k, d in distributions(search).items()
                      if isinstance(d, IntDistribution)})
-        return GridSampler(grid, seed=search.seed)  # one order of the grid for every worker
+        return _Grid(grid, seed=search.seed)  # one order of the grid for every worker
     # constant_liar off: a trial waiting at a rung is RUNNING; the liar would count it as the worst value
     return TPESampler(seed=seed, constant_liar=False)
+
+
+class _Grid(GridSampler):
+    """Optuna's grid sampler without its stop at the grid's end (study.stop works only inside study.optimize)."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        """Nothing: the workers count the study's trials themselves."""
 
 
 def open_study(search: Search, create: bool = True) -> optuna.Study | None:

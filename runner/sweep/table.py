@@ -65,7 +65,7 @@ def render(search: Search, study: optuna.Study) -> str:
     for cells, trial in zip(rows, trials, strict=True):
         cells["trial"] += " *" if top is not None and trial.number == top.number else ""
     widths = [max([len(h), *(len(r[h]) for r in rows)]) for h in header]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     lines += ["  ".join(r[h].ljust(w) for h, w in zip(header, widths, strict=True)).rstrip() for r in rows]
     lines.append(_summary(search, trials, top))
     return "\n".join(lines)

@@ -335,6 +335,15 @@ def test_a_failed_trial_is_told_fail_and_shown(tmp_path, fake):
     assert "failed (exit 1: RuntimeError: boom)" in render(search, study)
 
 
+def test_grid_sampler_visits_each_point_once(tmp_path, fake):
+    space = "    TRAIN.LR: {choice: [0.001, 0.003]}\n    DATA.BATCH_SIZE: {int: [16, 17]}\n"
+    search = load_search(str(search_file(tmp_path, "sampler: grid\n", space)))
+    assert search.trials == 4  # the grid's size when trials is not given
+    assert worker.run_worker(search, poll_s=0.1, log=lambda s: None) == 0
+    points = {(t.params["TRAIN.LR"], t.params["DATA.BATCH_SIZE"]) for t in open_study(search, create=False).trials}
+    assert points == {(lr, b) for lr in (0.001, 0.003) for b in (16, 17)}
+
+
 def test_cli_prints_the_table(tmp_path):
     path = search_file(tmp_path, "trials: 2\n")
     p = subprocess.run([sys.executable, "-m", "runner.sweep", "search", "--table", str(path)], capture_output=True,
