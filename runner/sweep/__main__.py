@@ -23,10 +23,10 @@ root: prints the sweep's root folder and a newline (`root=$(python -m runner.swe
     python -m runner.sweep search [--table | --no-table] FILE [KEY VALUE ...]
 
 search: runs ONE worker of the file's search: (runner/sweep/search.py) until the study in ROOT/study.journal is
-done, then prints its table and the best trial's command; run several at once (one machine or a cluster's shared
-file system) and they share the study. Exit 0 done, 75 stopped by a signal (its trial saved: run it again),
-1 when every finished trial failed. --table: print the table only (trains nothing); --no-table: the worker only.
-A mistake: one line on stderr ('error: sweep FILE[:LINE]: ...'), exit 2, nothing on stdout.
+done, then prints its table and the best trial's command and writes ROOT/report.html. Run several at once (one
+machine or a cluster's shared file system) and they share the study. Exit 0 done, 75 stopped by a signal (its
+trial saved: run it again), 1 when every finished trial failed. --table: the table only (trains nothing);
+--no-table: the worker only.
 """
 from __future__ import annotations
 

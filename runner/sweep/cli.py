@@ -4,6 +4,7 @@ from __future__ import annotations
 from optuna.trial import TrialState
 
 from runner.errors import EXIT_OK, UserError
+from runner.sweep.report import write_report
 from runner.sweep.search import load_search
 from runner.sweep.study import open_study
 from runner.sweep.table import render
@@ -22,8 +23,10 @@ def search_command(args: list[str], usage: str) -> int:
     search = load_search(args[0], args[1:])
     code = EXIT_OK if "--table" in flags else run_worker(search, log=lambda line: print(line, flush=True))
     study = open_study(search, create=False)  # a read: the journal's own lock suffices
-    if "--no-table" not in flags:
-        print(render(search, study) if study is not None else f"no study in {search.root} yet", flush=True)
+    if "--no-table" not in flags and study is None:
+        print(f"no study in {search.root} yet", flush=True)
+    elif "--no-table" not in flags:
+        print(render(search, study), f"report: {write_report(search, study)}", sep="\n", flush=True)
     return code or _verdict(study)
 
 
