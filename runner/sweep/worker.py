@@ -108,15 +108,20 @@ def command(search: Search, trial: FrozenTrial, epoch: int) -> list[str]:
 
 def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest) -> int:
     """Run the trial's segment as a subprocess (output appended to ROOT/logs/trial_N.log); its exit code."""
-    logs = Path(search.root) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / f"trial_{trial.number}.log", "ab") as out:
+    log = _log_path(search, trial.number)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
         proc = subprocess.Popen(command(search, trial, epoch), stdout=out, stderr=subprocess.STDOUT)
         stop.child = proc
         try:
             return proc.wait()
         finally:
             stop.child = None
+
+
+def _log_path(search: Search, number: int) -> Path:
+    """ROOT/logs/trial_N.log: what the trial's segments printed, appended."""
+    return Path(search.root) / "logs" / f"trial_{number}.log"
 
 
 def rung_value(search: Search, number: int, epoch: int) -> float | None:
@@ -146,14 +151,17 @@ def finish(search: Search, study: optuna.Study, job: asha.Job, code: int) -> Non
 
 
 def _error_text(search: Search, job: asha.Job, code: int) -> str:
-    """Why a segment failed, in one line: the exit code and the run's last log line."""
+    """Why a segment failed, in one line: the exit code and the last line it printed (or its run's log.txt)."""
     if code == 0:
         return f"exit 0 but no {search.metric} at epoch {job.epoch} in metrics.jsonl"
-    try:
-        lines = (Path(search.trial_dir(job.number)) / LOG).read_text(errors="replace").strip().splitlines()
-    except OSError:
-        lines = []
-    return f"exit {code}" + (f": {lines[-1].strip()[:200]}" if lines else "")
+    for path in (_log_path(search, job.number), Path(search.trial_dir(job.number)) / LOG):
+        try:
+            lines = [x.strip() for x in path.read_text(errors="replace").splitlines() if x.strip()]
+        except OSError:
+            continue
+        if lines:
+            return f"exit {code}: {lines[-1][:200]}"
+    return f"exit {code}"
 
 
 def settle(search: Search, study: optuna.Study) -> None:

@@ -3,7 +3,7 @@
 `fake_train.py --cfg=... KEY VALUE ... OUTPUT_DIR DIR [--pause-after-epoch E]` appends one evaluation row per epoch
 from the last one in DIR/metrics.jsonl to E (TRAIN.EPOCHS without the flag), val/top1 a function of TRAIN.LR and
 the epoch, writes run.json (paused or done) and DIR/calls.txt (one line per call: the epochs it trained), exits 0.
-FAKE_FAIL_ABOVE=X: a TRAIN.LR above X fails (exit 1, 'boom' in DIR/log.txt). FAKE_EXIT=N:E makes a call that
+FAKE_FAIL_ABOVE=X: a TRAIN.LR above X fails (exit 1, 'boom' on stderr). FAKE_EXIT=N:E makes a call that
 would train epoch E exit N first (75: preempted, nothing written), once per DIR.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main() -> int:
     done = rows[-1]["epoch"] if rows else 0
     end = min(pause or 10**9, int(keys.get("TRAIN.EPOCHS", "3")))
     if float(keys["TRAIN.LR"]) > float(os.environ.get("FAKE_FAIL_ABOVE", "inf")):
-        (out / "log.txt").write_text("RuntimeError: boom\n")
+        print("RuntimeError: boom", file=sys.stderr)
         return 1
     code, _, at = os.environ.get("FAKE_EXIT", "0:0").partition(":")
     flag = out / "fake_exit_done"
