@@ -108,6 +108,14 @@ def test_mistakes_in_the_file_and_the_command_line(tmp_path):
     assert not (tmp_path / "out").exists()  # nothing was written
 
 
+def test_reading_a_search_imports_no_torch(tmp_path):
+    path = search_file(tmp_path, "trials: 2\nasha: {eta: 3, min_epochs: 1}\n")
+    code = ("import sys; from runner.sweep import cli, report; from runner.sweep.search import load_search; "
+            f"load_search({str(path)!r}); print('torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.stdout.strip() == "False", p.stderr
+
+
 def test_cli_mistake_exits_2_with_one_line(tmp_path):
     path = search_file(tmp_path, "trials: 2\nasha: {eta: 1}\n")
     p = subprocess.run([sys.executable, "-m", "runner.sweep", "search", str(path)], capture_output=True, text=True,
