@@ -167,8 +167,13 @@ def _error_text(search: Search, job: asha.Job, code: int) -> str:
 def settle(search: Search, study: optuna.Study) -> None:
     """The study is done: trials left waiting at a rung are told PRUNED (their rung values stay)."""
     with locked(search.root):
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if not trial.user_attrs.get(asha.JOB):  # none is left: settle runs when no job is owed
+        trials = study.get_trials(deepcopy=False)
+        is_live = functools.partial(live, search)
+        if asha.busy(trials, is_live) or asha.next_job(trials, search.rungs, search.eta, search.maximize,
+                                                        search.trials, is_live) is not None:
+            return  # a worker started since (with more trials, say): the study is not done after all
+        for trial in trials:
+            if trial.state == TrialState.RUNNING:
                 study.tell(trial.number, state=TrialState.PRUNED)
 
 
