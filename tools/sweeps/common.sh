@@ -126,9 +126,13 @@ sweep_stop() {  # on Ctrl-C/SIGTERM: ask the running points to save and exit, st
   for pid in "${SLOT_PID[@]}"; do [[ -z $pid ]] || kill -TERM "$pid" 2>/dev/null || true; done
 }
 
-point_done() {  # NAME: true when ROOT/NAME is a done run (runner.rundir's reader says; no torch is imported)
+point_done() {  # NAME: true when ROOT/NAME is a done run, as runner.rundir's reader says (no torch is imported)
   [[ -z ${SWEEP_RECHECK:-} ]] || return 1  # SWEEP_RECHECK=1: let train.py decide (e.g. after raising EPOCHS)
-  [[ $("$PY" -m runner.rundir state "$(point_dir "$1")" 2>/dev/null) == done ]] || return 1
+  local dir; dir=$(point_dir "$1")
+  # the file contract (runner/rundir/layout.py): a done run has results.json. Without it no Python is started, so a
+  # point still to train is submitted as fast as before; whether it says done is the reader's to tell
+  [[ -e $dir/results.json ]] || return 1
+  [[ $("$PY" -m runner.rundir state "$dir" 2>/dev/null) == done ]] || return 1
   echo "sweep: skip $1 (done)"
   SKIPPED=$((SKIPPED + 1))
 }
