@@ -2,6 +2,7 @@
 """Train and evaluate a timm model as a YAML config says.
 
     python tools/train.py --cfg configs/digits/test_resnet.yaml [KEY VALUE ...]
+    python tools/train.py --cfg ... --pause-after-epoch E   (stop after epoch E, status paused; rerun to go on)
     torchrun --standalone --nproc_per_node=N tools/train.py --cfg ... [KEY VALUE ...]
 
 Exit codes: 0 done (also: the run was already done), 2 a mistake in the config or arguments (on any rank),
@@ -11,17 +12,19 @@ command to resume, as after 75), 130 Ctrl-C twice (stopped at once: rerun to con
 """
 from __future__ import annotations
 
+import argparse
 import os
 
-from runner.config import config_command
+from runner.config import build_parser
 from runner.errors import UserError, cli, run_script
+from runner.preflight import config_command
 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
     """Load the config; skip a finished run before importing anything heavy; train."""
     try:
-        loaded = config_command(argv, __doc__)
+        loaded = config_command(argv, _parser())
     except UserError as e:
         e.relayed = True  # under torchrun every rank reads the same arguments: rank 0's line is the one shown
         raise
@@ -45,8 +48,24 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     from runner.engine import train
 
-    train(cfg, hparam_keys=[key for key, _ in info.overrides])
+    train(cfg, hparam_keys=[key for key, _ in info.overrides], pause_after_epoch=info.args.pause_after_epoch)
     return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The config's arguments and --pause-after-epoch (a run-time option: not part of the run's config)."""
+    parser = build_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pause-after-epoch", type=_epoch, default=0, metavar="E",
+                        help="stop cleanly once epoch E is evaluated and saved (run.json: paused; exit 0); the same "
+                             "command with a later E, or without it, resumes exactly (a search trains by rungs)")
+    return parser
+
+
+def _epoch(text: str) -> int:
+    """A whole number of epochs, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of epochs (at least 1) is needed, got {text!r}")
+    return int(text)
 
 
 if __name__ == "__main__":

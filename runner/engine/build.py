@@ -34,7 +34,7 @@ from runner.distributed import Dist
 from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Checkpointer, Hook, MetricLogger, Profiler
 from runner.engine.loop import Trainer
-from runner.engine.signals import Preemption, Stamp, StopFlag, TimeLimit, process_started
+from runner.engine.signals import Pause, Preemption, Stamp, StopFlag, TimeLimit, process_started
 from runner.engine.status import RunStatus
 from runner.engine.step import CanonicalNormStats, TrainStep
 from runner.engine.watchdog import Watchdog, job_board, relay_failure
@@ -174,7 +174,7 @@ def build_loop(cfg, dist: Dist, t_start: float) -> Trainer:
 
 # ---- the run's hooks -----------------------------------------------------------------------------------------
 def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
-              watchdog: Watchdog | None = None) -> list[Hook]:
+              watchdog: Watchdog | None = None, pause_after_epoch: int = 0) -> list[Hook]:
     """The fixed, ordered list of a run's side duties (see runner.engine.hooks for why this order).
 
     The watchdog comes after the metric window (whose loss read waits for the device) and pauses until its
@@ -203,7 +203,8 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
         watchdog.compiled_eval = cfg.MODEL.COMPILE
     watch = [watchdog, watchdog.resumer] if watchdog is not None else [None, None]
     stamp, limit = _time_limit(cfg, flag, dist)
-    hooks = [profiler, metrics, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, status]
+    pause = Pause(pause_after_epoch) if pause_after_epoch else None  # last: after the status of the epoch
+    hooks = [profiler, metrics, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, status, pause]
     return [hook for hook in hooks if hook is not None]
 
 
@@ -220,13 +221,14 @@ def _time_limit(cfg, flag: StopFlag, dist: Dist) -> tuple[Stamp | None, TimeLimi
 
 # ---- putting it together ---------------------------------------------------------------------------------------
 def build_trainer(cfg, hparam_keys: list[str] | None = None, *, hooks: list[Hook] | None = None,
-                  dist: Dist | None = None) -> Trainer:
+                  dist: Dist | None = None, pause_after_epoch: int = 0) -> Trainer:
     """The loop for `cfg`, ready to train; raises AlreadyDone when OUTPUT_DIR's finished run covers it.
 
     `hooks=None`: the run's own hooks; OUTPUT_DIR is claimed, the run resumed and its files written.
     A list (`[]` for benchmarks, or a test's): exactly those hooks, and nothing is claimed, resumed or written.
     `dist`: a process group set up by the caller (kept at close); by default one is set up and torn down.
     `hparam_keys`: the keys set on the command line (a sweep's swept keys), for TensorBoard's HParams tab.
+    `pause_after_epoch` E > 0: stop cleanly (status paused) once epoch E is evaluated and saved (engine.signals.Pause).
     """
     t_start = time.time()
     mismatch = import_torchvision()  # timm imports it while the run is built: refused before the claim
@@ -238,7 +240,7 @@ def build_trainer(cfg, hparam_keys: list[str] | None = None, *, hooks: list[Hook
         closers.append(distributed.teardown)
     try:
         if hooks is None:
-            trainer = _build_run(cfg, dist, hparam_keys, t_start)
+            trainer = _build_run(cfg, dist, hparam_keys, t_start, pause_after_epoch)
         else:
             trainer = _build_with(cfg, dist, hooks, t_start)
     except AlreadyDone:
@@ -259,7 +261,7 @@ def _build_with(cfg, dist: Dist, hooks: list[Hook], t_start: float) -> Trainer:
     return trainer
 
 
-def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -> Trainer:
+def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float, pause_after_epoch: int = 0) -> Trainer:
     """A run: claim OUTPUT_DIR, build, resume, write the run's files; a setup failure is recorded."""
     out = Path(cfg.OUTPUT_DIR)
     control = distributed.control_group()  # one CPU group for verdicts and stop flags, made once
@@ -286,7 +288,7 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -
         configure_backends(cfg, dist.device)
         set_seeds(cfg.SEED)
         trainer = build_loop(cfg, dist, t_start)
-        trainer.hooks = run_hooks(cfg, trainer, dist, status, control, watchdog)
+        trainer.hooks = run_hooks(cfg, trainer, dist, status, control, watchdog, pause_after_epoch)
         resume(cfg, trainer, found, status)
         write_run_files(cfg, dist, trainer.data.class_names)
     except AlreadyDone:
@@ -301,10 +303,10 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float) -
     return trainer
 
 
-def train(cfg, hparam_keys: list[str] | None = None) -> dict:
-    """Train and evaluate as `cfg` says; the library's entry point (hparam_keys: see build_trainer)."""
+def train(cfg, hparam_keys: list[str] | None = None, pause_after_epoch: int = 0) -> dict:
+    """Train and evaluate as `cfg` says; the library's entry point (the options: see build_trainer)."""
     try:
-        trainer = build_trainer(cfg, hparam_keys)
+        trainer = build_trainer(cfg, hparam_keys, pause_after_epoch=pause_after_epoch)
     except AlreadyDone as done:  # finished already: say so, write nothing
         if done.main:
             print(done_line(cfg, done.results, done.why), flush=True)

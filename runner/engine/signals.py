@@ -174,6 +174,30 @@ def process_started() -> float:
         return time.time()
 
 
+class Pause(Hook):
+    """`--pause-after-epoch E`: the run stops cleanly once epoch E is evaluated and saved (run.json `paused`, exit
+    0); the same command with a later E, or without it, resumes it exactly. Not part of the config: a search
+    trains a trial configured for its full length (its LR schedule spans the whole run) rung by rung."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def before_train(self, trainer) -> None:
+        """Resumed at or past E already (the same rung asked again): nothing to train."""
+        if trainer.closed and trainer.epoch >= self.epoch:
+            self._pause(trainer)
+
+    def after_epoch(self, trainer) -> None:
+        """After epoch E's evaluation and checkpoint, unless the run ends there anyway."""
+        if trainer.epoch >= self.epoch and not trainer.at_end:
+            self._pause(trainer)
+
+    def _pause(self, trainer) -> None:
+        """Stop with status paused."""
+        raise StopRun(marker.PAUSED, f"paused after epoch {trainer.epoch} (--pause-after-epoch {self.epoch}): "
+                                     "checkpoint saved; re-run with a later epoch, or without it, to go on")
+
+
 class Stamp(Hook):
     """Notes when the duties after a step or an epoch begin, for TimeLimit (later in the list) to time them."""
 

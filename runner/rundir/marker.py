@@ -16,9 +16,9 @@ from runner.rundir.layout import LOCK, RESULTS, RUN_JSON
 from runner.rundir.lock import is_holder_text
 
 # OUTPUT_DIR/run.json "status" values; results.json exists only for "done".
-RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG = (
-    "running", "done", "failed", "preempted", "nonfinite", "profiled", "interrupted", "hung")
-STATUSES = {RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG}
+RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG, PAUSED = (
+    "running", "done", "failed", "preempted", "nonfinite", "profiled", "interrupted", "hung", "paused")
+STATUSES = {RUNNING, DONE, FAILED, PREEMPTED, NONFINITE, PROFILED, INTERRUPTED, HUNG, PAUSED}
 
 # run.json's "format": the marker that says a folder is a run of ours and may be written into; a newer version
 # is refused (this code cannot know what that runner keeps in the folder)

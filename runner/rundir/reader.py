@@ -140,6 +140,7 @@ _RESUMABLE = {"preempted": "preempted; re-run to continue",
               "hung": "ended by the hang watchdog (stacks in its hang/ folder); re-run to continue",
               "interrupted": "stopped with Ctrl-C twice; re-run to continue from the last checkpoint",
               "profiled": "stopped after profiling (PROFILE.ONLY); re-run without it to go on",
+              "paused": "paused after an epoch (--pause-after-epoch); re-run to go on",
               "done": "run.json says done but results.json is missing; re-run to finish"}
 
 
