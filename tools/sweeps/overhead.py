@@ -82,7 +82,7 @@ def measure(argv: list[str]) -> dict[str, float]:
     """One round: bare interpreter start, the light path (no torch), then a full point in a child."""
     times = {"python start": wall_s(["-c", "pass"])[0],
              "light imports (train.py's done check, summarize)": wall_s(
-                 ["-c", "import runner.config, runner.rundir.rules, runner.summary"])[0]}
+                 ["-c", "import runner.config, runner.rundir.rules, runner.sweep.summary"])[0]}
     total, out = wall_s([__file__, "--child", *argv])
     times.update(json.loads(out.strip().splitlines()[-1]))
     times["total to the second step (process wall)"] = total

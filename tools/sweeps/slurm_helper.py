@@ -143,7 +143,7 @@ def manifest_folders(root: Path) -> dict[str, Path]:
 
 def point_rows(root: Path) -> list:
     """summarize's rows of ROOT's runs, and of each run of ROOT's submissions that lives elsewhere."""
-    from runner.summary import summarize
+    from runner.sweep.summary import summarize
 
     rows = summarize(root)
     for name, folder in manifest_folders(root).items():
@@ -159,7 +159,7 @@ def point_rows(root: Path) -> list:
 
 def hide_injected(rows: list, injected: dict[str, set[str]]) -> None:
     """Drop key columns that only the launcher set (TRAIN.TIME_LIMIT from the job's time left): not swept keys."""
-    from runner.summary import default_values
+    from runner.sweep.summary import default_values
 
     defaults = default_values()
     for key in set().union(*injected.values()):
@@ -171,7 +171,7 @@ def hide_injected(rows: list, injected: dict[str, set[str]]) -> None:
 
 def table(root: Path, sort: str = "", descending: bool = True) -> str:
     """summarize's markdown table for ROOT, with a 'slurm' column; points that never made a folder get a row."""
-    from runner.summary import DEFAULT_SORT, RESULT_COLUMNS, Row, best_index, sort_rows, to_markdown
+    from runner.sweep.summary import DEFAULT_SORT, RESULT_COLUMNS, Row, best_index, sort_rows, to_markdown
 
     rows = point_rows(root)
     by_name = {Path(r["run"]).name: r for r in rows}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One array task of tools/sweeps/slurm.sh (sbatch runs a copy of this file, so the folder comes as argument):
 #   slurm_task.sh TOOLS_SWEEPS_DIR MANIFEST
-# Trains line SLURM_ARRAY_TASK_ID of MANIFEST (point, root, run folder, train.py arguments) through srun: one process, or
-# one torchrun per node with the c10d rendezvous on the allocation's first node. The warning signal (USR1 or
+# Trains line SLURM_ARRAY_TASK_ID of MANIFEST (point, root, run folder, python's arguments: tools/train.py's, or a
+# search worker's `-m runner.sweep search`, which is always one process) through srun: one process, or one torchrun
+# per node with the c10d rendezvous on the allocation's first node. The warning signal (USR1 or
 # USR2 to this shell) goes on to the training processes as USR1: they save and exit 75, and this task requeues
 # its own array element, which then resumes from the checkpoint. Exit 76 (hung) is requeued once; other
 # failures are not. SIGTERM from SLURM (scontrol requeue, scancel, the time limit) is left to SLURM.
@@ -27,7 +28,9 @@ self=${SLURM_JOB_ID:-0}
 left=$(squeue -h -j "$self" -o %L 2>/dev/null) || left=""
 limit=$("${HELPER[@]}" time-limit "${left:-UNLIMITED}")
 injected=()  # keys this launcher set, not the user: the table does not show them as swept
-if [[ -n $limit && " ${args[*]} " != *" TRAIN.TIME_LIMIT "* ]]; then
+train=0  # a point (tools/train.py), not a search worker (python -m runner.sweep search: its trials run one process)
+[[ ${args[0]} != */train.py ]] || train=1
+if ((train)) && [[ -n $limit && " ${args[*]} " != *" TRAIN.TIME_LIMIT "* ]]; then
   args+=(TRAIN.TIME_LIMIT "$limit")
   injected=(--injected TRAIN.TIME_LIMIT)
 fi
@@ -36,6 +39,7 @@ nodes=${SLURM_JOB_NUM_NODES:-1}
 gpus=${SLURM_GPUS_PER_NODE:-}
 gpus=${gpus##*:}  # type:count -> count
 nproc=${NPROC_PER_NODE:-${gpus:-1}}
+((train)) || nodes=1 nproc=1
 if ((nodes == 1 && nproc == 1)); then
   run=("$PY" "${args[@]}")
 else
