@@ -1,8 +1,9 @@
-"""The sweep scripts pass every value exactly as typed: no glob expansion, no word splitting, one line per mistake.
+"""tools/sweeps/run.sh passes every value exactly as typed (no glob expansion, no word splitting), gives each point
+or search worker its GPUs, and says each mistake in one line.
 
-Most tests run the real scripts with PYTHON set to a tiny fake interpreter that records the argv of each
-point (train.py, or torchrun with train.py) and hands everything else (the summary, torchrun.sh's free-port
-probe) to the real one, so they take a second and see the exact arguments; one test starts real points.
+The tests run the real script with PYTHON set to a tiny fake interpreter that records the argv of each point
+(train.py, or torchrun with train.py) and of each search worker, and hands everything else (the plan, the table,
+the free-port probe) to the real one, so they take a second and see the exact arguments.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 from tests.utils import assert_user_error, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("lr_x_model.sh", "per_gpu.sh", "torchrun.sh")
+DIGITS = ROOT / "configs" / "digits" / "test_resnet.yaml"
+PLAN = "plan.py"
 
 FAKE = f"""#!{sys.executable}
 import json, os, sys
@@ -26,10 +28,10 @@ args = sys.argv[1:]
 if "CALL_LOG" in os.environ:  # every call, points and helpers alike
     with open(os.environ["CALL_LOG"], "a") as f:
         f.write(json.dumps(args) + "\\n")
-if any(a.endswith("train.py") for a in args):  # a point: record its argv, act as told
+if any(a.endswith("train.py") for a in args) or "--no-table" in args:  # a point or a worker: record, act as told
     with open(os.environ["ARGV_LOG"], "a") as f:
         f.write(json.dumps(args) + "\\n")
-    if "CUDA_LOG" in os.environ:  # the GPUs the point was given
+    if "CUDA_LOG" in os.environ:  # the GPUs it was given
         with open(os.environ["CUDA_LOG"], "a") as f:
             f.write(json.dumps(os.environ.get("CUDA_VISIBLE_DEVICES")) + "\\n")
     sys.exit(int(os.environ.get("FAKE_RC", "0")))
@@ -46,12 +48,24 @@ def fake_python(tmp_path: Path) -> Path:
     return path
 
 
-def sweep(script: str, cwd: Path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
-    """Run tools/sweeps/<script> from cwd with the given environment added (no GPU: NUM_GPUS=0)."""
+def sweep_file(folder: Path, body: str, root: str = "sw") -> Path:
+    """A sweep file on the digits config whose points train under folder/root."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "s.yaml"
+    path.write_text(f"cfg: {DIGITS}\nroot: {json.dumps(root)}\n{body}")
+    return path
+
+
+GRID = "grid:\n  TRAIN.LR: [0.1, 0.05]\n  MODEL.NAME: [a, b]\n"
+SEARCH = "search: {trials: 2, space: {TRAIN.LR: {log: [0.001, 0.1]}}}\n"
+
+
+def run_sh(cwd: Path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    """Run tools/sweeps/run.sh from cwd with the given environment added (no GPU: NUM_GPUS=0)."""
     full = dict(os.environ, NUM_GPUS="0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     full.pop("CUDA_VISIBLE_DEVICES", None)
     full.update(env)
-    proc = subprocess.Popen(["bash", str(ROOT / "tools" / "sweeps" / script), *args], cwd=cwd, env=full,
+    proc = subprocess.Popen(["bash", str(ROOT / "tools" / "sweeps" / "run.sh"), *args], cwd=cwd, env=full,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -63,7 +77,7 @@ def sweep(script: str, cwd: Path, *args: str, timeout: float = 60, **env: str) -
 
 
 def points(log: Path) -> list[list[str]]:
-    """The argv of every point the fake interpreter was asked to run, in order."""
+    """The argv of every point (or worker) the fake interpreter was asked to run, in order."""
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
@@ -72,122 +86,88 @@ def value_of(argv: list[str], key: str) -> str:
     return argv[len(argv) - 1 - argv[::-1].index(key) + 1]
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_values_are_not_glob_expanded(script: str, tmp_path: Path, fake_python: Path) -> None:
+def test_values_are_not_glob_expanded_and_stay_whole(tmp_path: Path, fake_python: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    for name in ("resnet18x", "resnet50y", "0.1z"):  # files the patterns below would match in the cwd
+    for name in ("resnet18x", "0.1z"):  # files the patterns below would match in the cwd
         (work / name).write_text("")
+    path = sweep_file(work, "grid:\n  TRAIN.LR: [0.1]\n  MODEL.NAME: ['resnet*', 'my model', timm/resnet10t]\n",
+                      root="my sweep")
     log = tmp_path / "argv.jsonl"
-    out = sweep(script, work, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw",
-                LRS="0.1", MODELS="resnet* resnet10t", NPROC="1")
-    assert out.returncode == 0, out.stdout + out.stderr
-    got = points(log)
-    assert [value_of(a, "MODEL.NAME") for a in got] == ["resnet*", "resnet10t"]
-    assert value_of(got[0], "OUTPUT_DIR") == "sw/lr0.1_resnet*"
-    assert "start lr0.1_resnet*" in out.stdout
-    # the LR 0.1* reaches the config check as typed (0.1z in the cwd is not taken), which refuses it
-    out = sweep(script, work, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw2", LRS="0.1*",
-                MODELS="resnet*", NPROC="1")
-    assert_user_error(out, "point lr0.1*_resnet*: TRAIN.LR expects a number, got '0.1*'")
-
-
-def test_items_with_spaces_and_slashes(tmp_path: Path, fake_python: Path) -> None:
-    log = tmp_path / "argv.jsonl"
-    root = tmp_path / "my sweep"  # a sweep folder with a space in its name
-    out = sweep("per_gpu.sh", tmp_path, "AUG.SCALE", "(0.5, 1.0)", PYTHON=str(fake_python), ARGV_LOG=str(log),
-                SWEEP_ROOT=str(root), JOBS="2", LRS="0.1", MODELS="my model\n  timm/resnet10t \n\n")
+    out = run_sh(work, str(path), "AUG.SCALE", "(0.5, 1.0)", PYTHON=str(fake_python), ARGV_LOG=str(log), JOBS="2")
     assert out.returncode == 0, out.stdout + out.stderr
     got = sorted(points(log), key=lambda a: value_of(a, "MODEL.NAME"))
-    assert [value_of(a, "MODEL.NAME") for a in got] == ["my model", "timm/resnet10t"]
-    assert [value_of(a, "OUTPUT_DIR") for a in got] == [f"{root}/lr0.1_my model", f"{root}/lr0.1_timm_resnet10t"]
+    assert [value_of(a, "MODEL.NAME") for a in got] == ["my model", "resnet*", "timm/resnet10t"]
+    root = work / "my sweep"
+    assert [value_of(a, "OUTPUT_DIR") for a in got] == [f"{root}/lr=0.1,model.name=my model",
+                                                         f"{root}/lr=0.1,model.name=resnet*",
+                                                         f"{root}/lr=0.1,model.name=timm_resnet10t"]
     assert all(value_of(a, "AUG.SCALE") == "(0.5, 1.0)" for a in got)  # an extra argument stays whole
     # two at a time: each point's output in its own log file, a / in the name made _ (no subfolder)
-    assert sorted(p.name for p in (root / "logs").iterdir()) == ["lr0.1_my model.log", "lr0.1_timm_resnet10t.log"]
+    assert sorted(p.name for p in (root / "logs").iterdir()) == [
+        "lr=0.1,model.name=my model.log", "lr=0.1,model.name=resnet*.log", "lr=0.1,model.name=timm_resnet10t.log"]
 
 
-def test_done_point_with_a_star_is_skipped(tmp_path: Path, fake_python: Path) -> None:
+def test_done_point_is_skipped_and_a_failed_one_listed(tmp_path: Path, fake_python: Path) -> None:
     log = tmp_path / "argv.jsonl"
-    done = tmp_path / "sw" / "lr0.1_resnet*"
+    done = tmp_path / "sw" / "lr=0.1,model.name=a"
     done.mkdir(parents=True)
     (done / "results.json").write_text('{"status": "done"}')
-    (tmp_path / "resnet18x").write_text("")  # what the pattern would match in the cwd
-    out = sweep("lr_x_model.sh", tmp_path, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw",
-                LRS="0.1", MODELS="resnet* resnet10t")
+    path = sweep_file(tmp_path, GRID)
+    out = run_sh(tmp_path, str(path), PYTHON=str(fake_python), ARGV_LOG=str(log))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "skip lr0.1_resnet* (done)" in out.stdout
-    assert [value_of(a, "MODEL.NAME") for a in points(log)] == ["resnet10t"]
-
-
-def test_failed_point_listed_by_its_literal_name(tmp_path: Path, fake_python: Path) -> None:
-    log = tmp_path / "argv.jsonl"
-    (tmp_path / "resnet18x").write_text("")
-    out = sweep("lr_x_model.sh", tmp_path, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw",
-                LRS="0.1", MODELS="resnet*", FAKE_RC="2")
+    assert "skip lr=0.1,model.name=a (done)" in out.stdout
+    assert len(points(log)) == 3
+    out = run_sh(tmp_path, str(path), PYTHON=str(fake_python), ARGV_LOG=str(log), FAKE_RC="2")
     assert out.returncode == 1
-    assert "  lr0.1_resnet* (exit code 2)" in out.stderr.splitlines()
-
-
-@pytest.mark.slow
-def test_real_point_gets_the_literal_model_name(tmp_path: Path) -> None:
-    # train.py itself, started by the script: the model name resnet* is refused as not a timm model
-    (tmp_path / "resnet18x").write_text("")
-    out = sweep("lr_x_model.sh", tmp_path, "DATA.NUM_WORKERS", "0", PYTHON=sys.executable, SWEEP_ROOT="sw",
-                LRS="0.1", MODELS="resnet*", timeout=300)
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "'resnet*' is not a timm model" in out.stderr
-    assert any(line.startswith("  lr0.1_resnet* (exit code ") for line in out.stderr.splitlines())
-    assert sorted(p.name for p in (tmp_path / "sw").iterdir()) == ["lr0.1_resnet*"]
+    assert "  lr=0.05,model.name=b (exit code 2)" in out.stderr.splitlines()
+    assert "3 point(s) failed" in out.stderr
 
 
 @pytest.mark.parametrize("settings, fragment", [
     ({"JOBS": "0"}, "JOBS=0 is not a whole number of at least 1"),
     ({"JOBS": "two"}, "JOBS=two is not a whole number"),
     ({"NUM_GPUS": "-1"}, "NUM_GPUS=-1 is not a whole number of at least 0"),
-    ({"LRS": "   "}, "LRS holds no value"),
-    ({"MODELS": "\n\n"}, "MODELS holds no value"),
-    ({"CFG": "nope.yaml"}, "CFG=nope.yaml is not a file"),
+    ({"NPROC": "0"}, "NPROC=0 is not a whole number of at least 1"),
+    ({"NPROC": "1", "MAX_RESTARTS": "x"}, "MAX_RESTARTS=x is not a whole number of at least 0"),
     ({"PYTHON": "no-such-python"}, "PYTHON=no-such-python is not a program"),
 ])
-def test_sweep_setting_mistakes(settings: dict, fragment: str, tmp_path: Path) -> None:
-    # JOBS=0 used to loop for ever waiting for a free slot; the others failed every point, one by one
-    out = sweep("per_gpu.sh", tmp_path, timeout=20, SWEEP_ROOT="sw", **settings)
+def test_setting_mistakes(settings: dict, fragment: str, tmp_path: Path) -> None:
+    # JOBS=0 used to loop for ever waiting for a free slot
+    out = run_sh(tmp_path, str(sweep_file(tmp_path, GRID)), timeout=20, **settings)
     assert_user_error(out, fragment)
-    assert not (tmp_path / "sw").exists() or not any((tmp_path / "sw").iterdir())
-
-
-def test_torchrun_nproc_mistake(tmp_path: Path) -> None:
-    out = sweep("torchrun.sh", tmp_path, timeout=20, SWEEP_ROOT="sw", NPROC="0")
-    assert_user_error(out, "NPROC=0 is not a whole number of at least 1")
-    out = sweep("torchrun.sh", tmp_path, timeout=20, SWEEP_ROOT="sw", NPROC="1", MAX_RESTARTS="x")
-    assert_user_error(out, "MAX_RESTARTS=x is not a whole number of at least 0")
+    assert not (tmp_path / "sw").exists()
 
 
 def test_counts_with_leading_zero(tmp_path: Path, fake_python: Path) -> None:
     # bash arithmetic reads 08 as a bad octal number: the script used to stop with its own error
     log = tmp_path / "argv.jsonl"
-    out = sweep("per_gpu.sh", tmp_path, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw", JOBS="08",
-                LRS="0.1", MODELS="a b")
+    out = run_sh(tmp_path, str(sweep_file(tmp_path, GRID)), PYTHON=str(fake_python), ARGV_LOG=str(log), JOBS="08")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "8 point(s) at a time" in out.stdout and len(points(log)) == 2
+    assert "8 point(s) at a time" in out.stdout and len(points(log)) == 4
 
 
-def test_sweep_root_that_is_a_file(tmp_path: Path) -> None:
+def test_root_that_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "taken").write_text("my notes")
-    out = sweep("lr_x_model.sh", tmp_path, timeout=20, SWEEP_ROOT="taken/sweep")
-    assert_user_error(out, "SWEEP_ROOT=taken/sweep cannot be made a folder")
+    out = run_sh(tmp_path, str(sweep_file(tmp_path, GRID)), timeout=20, SWEEP_ROOT="taken/sweep")
+    assert_user_error(out, "taken/sweep cannot be made a folder")
     assert (tmp_path / "taken").read_text() == "my notes"
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["--repeat", "0"], ["--repeat 0", "at least 1"]),
-    (["--cfg", "nope.yaml"], ["nope.yaml not found"]),
-    (["TRAIN.LR", "abc"], ["TRAIN.LR expects a number"]),
-    (["--repeat", "x"], ["--repeat: invalid int value"]),  # argparse printed its usage: three lines
-])
-def test_overhead_mistakes(args: list[str], fragments: list[str]) -> None:
-    # used to end in an IndexError or a CalledProcessError traceback from the timed child
-    assert_user_error(run_tool("sweeps/overhead.py", args, timeout=60), *fragments)
+def test_every_point_is_checked_once_before_any_starts(tmp_path: Path, fake_python: Path) -> None:
+    # a mistake in one point used to start every point, each failing on it (exit 1 after N failures)
+    log, calls = tmp_path / "argv.jsonl", tmp_path / "calls.jsonl"
+    path = sweep_file(tmp_path, GRID)
+    out = run_sh(tmp_path, str(path), "TRAIN.EPOCHS", "many", PYTHON=str(fake_python), ARGV_LOG=str(log),
+                 CALL_LOG=str(calls))
+    line = assert_user_error(out, "point lr=0.1,model.name=a", "TRAIN.EPOCHS")
+    assert line.startswith(f"error: sweep {path}: "), line
+    assert points(log) == [] and not (tmp_path / "sw").exists()
+    out = run_sh(tmp_path, str(path), "TRAIN.EPOCHS", "3", PYTHON=str(fake_python), ARGV_LOG=str(log),
+                 CALL_LOG=str(calls))
+    assert out.returncode == 0 and len(points(log)) == 4, out.stdout + out.stderr
+    plans = [c for c in calls.read_text().splitlines() if PLAN in " ".join(json.loads(c))]
+    assert len(plans) == 2  # one Python process built all four points' configs, each time
 
 
 @pytest.fixture
@@ -201,85 +181,60 @@ def two_gpus(tmp_path: Path) -> str:
     return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
 
 
+@pytest.mark.parametrize("body", [GRID, SEARCH], ids=["points", "search workers"])
 @pytest.mark.parametrize("visible, expected", [
-    (None, {"0", "1"}),  # nvidia-smi's two GPUs, each running one point at a time
+    (None, {"0", "1"}),  # nvidia-smi's two GPUs, each running one point (or worker) at a time
     ("", {""}),  # set but empty: every GPU stays hidden, the points run on the CPU
     ("3, 5", {"3", "5"}),
 ])
-def test_gpus_given_to_points(visible: str | None, expected: set, tmp_path: Path, fake_python: Path,
-                              two_gpus: str) -> None:
+def test_gpus_given_to_points_and_workers(body: str, visible: str | None, expected: set, tmp_path: Path,
+                                          fake_python: Path, two_gpus: str) -> None:
     log, cuda = tmp_path / "argv.jsonl", tmp_path / "cuda.jsonl"
     env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
-    out = sweep("per_gpu.sh", tmp_path, PYTHON=str(fake_python), ARGV_LOG=str(log), CUDA_LOG=str(cuda),
-                SWEEP_ROOT="sw", LRS="0.1 0.05", MODELS="a b", PATH=two_gpus, NUM_GPUS="", **env)
+    out = run_sh(tmp_path, str(sweep_file(tmp_path, body)), PYTHON=str(fake_python), ARGV_LOG=str(log),
+                 CUDA_LOG=str(cuda), PATH=two_gpus, NUM_GPUS="", **env)
     assert out.returncode == 0, out.stdout + out.stderr
     got = [json.loads(line) for line in cuda.read_text().splitlines()]
-    assert len(got) == 4 and set(got) == expected  # which GPU gets which point depends on which ends first
+    # which GPU gets which point depends on which ends first; a search: one worker per GPU (one on the CPU)
+    assert len(got) == (4 if body == GRID else len(expected)) and set(got) == expected
     assert ("no GPU found" in out.stdout) == (visible == "")
+    if body == SEARCH:
+        assert all(a[:4] == ["-m", "runner.sweep", "search", "--no-table"] for a in points(log))
 
 
-def test_repeated_item_and_too_many_processes(tmp_path: Path, two_gpus: str) -> None:
-    # LRS="0.1 0.1" used to run two points in one folder (side by side with JOBS=2: one refused as busy)
-    assert_user_error(sweep("per_gpu.sh", tmp_path, SWEEP_ROOT="sw", LRS="0.1 0.05 0.1", JOBS="2"),
-                      "LRS lists 0.1 twice")
+def test_torchrun_points_get_their_own_gpus_and_port(tmp_path: Path, fake_python: Path, two_gpus: str) -> None:
+    log, cuda = tmp_path / "argv.jsonl", tmp_path / "cuda.jsonl"
+    path = sweep_file(tmp_path, GRID)
+    out = run_sh(tmp_path, str(path), PYTHON=str(fake_python), ARGV_LOG=str(log), CUDA_LOG=str(cuda),
+                 PATH=two_gpus, NUM_GPUS="", NPROC="2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = points(log)
+    assert len(got) == 4 and all(a[:2] == ["-m", "torch.distributed.run"] and "--nproc_per_node=2" in a for a in got)
+    assert {json.loads(line) for line in cuda.read_text().splitlines()} == {"0,1"}
     # three processes on two GPUs used to get CUDA_VISIBLE_DEVICES=0,1,0
-    assert_user_error(sweep("torchrun.sh", tmp_path, SWEEP_ROOT="sw", NPROC="3", PATH=two_gpus, NUM_GPUS=""),
+    assert_user_error(run_sh(tmp_path, str(path), NPROC="3", PATH=two_gpus, NUM_GPUS=""),
                       "NPROC=3 is more than the 2 GPU(s) found")
-    assert not (tmp_path / "sw").exists()
 
 
-@pytest.mark.parametrize("script, args, fragment", [
-    ("lr_x_model.sh", ["TRAIN.EPOCHS", "2", "TRAIN.LR", "0.01"], "TRAIN.LR is set per point by this sweep"),
-    ("per_gpu.sh", ["MODEL.NAME", "resnet50"], "give MODELS=... instead"),
-    ("torchrun.sh", ["OUTPUT_DIR", "out"], "give SWEEP_ROOT=... instead"),
+@pytest.mark.parametrize("args, fragment", [
+    (["TRAIN.EPOCHS", "2", "TRAIN.LR", "0.01"], "TRAIN.LR is set per point by the sweep's grid:"),
+    (["OUTPUT_DIR", "out"], "OUTPUT_DIR is the sweep's"),
 ])
-def test_extra_argument_that_would_override_the_swept_key(script: str, args: list[str], fragment: str,
-                                                          tmp_path: Path, fake_python: Path) -> None:
-    # the extra arguments come last, so they used to win: every point trained the same LR, model or folder
+def test_extra_argument_that_would_override_the_swept_key(args: list[str], fragment: str, tmp_path: Path,
+                                                          fake_python: Path) -> None:
+    # an extra argument that set a swept key made every point the same
     log = tmp_path / "argv.jsonl"
-    out = sweep(script, tmp_path, *args, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw", NPROC="1")
+    out = run_sh(tmp_path, str(sweep_file(tmp_path, GRID)), *args, PYTHON=str(fake_python), ARGV_LOG=str(log))
     assert_user_error(out, fragment)
     assert points(log) == [] and not (tmp_path / "sw").exists()
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_points_that_share_a_folder_are_refused(script: str, tmp_path: Path, fake_python: Path) -> None:
-    # hf-hub:timm/test_resnet and hf-hub:timm_test_resnet both became the folder lr0.1_hf-hub:timm_test_resnet:
-    # side by side the second met the first's lock; one after another it trained on the first's run
-    log = tmp_path / "argv.jsonl"
-    out = sweep(script, tmp_path, PYTHON=str(fake_python), ARGV_LOG=str(log), SWEEP_ROOT="sw", NPROC="1", JOBS="2",
-                LRS="0.1", MODELS="hf-hub:timm/test_resnet hf-hub:timm_test_resnet")
-    line = assert_user_error(out, "lr0.1_hf-hub:timm/test_resnet", "lr0.1_hf-hub:timm_test_resnet",
-                             "sw/lr0.1_hf-hub:timm_test_resnet")
-    assert "one folder" in line and points(log) == [] and not (tmp_path / "sw").exists()
-
-
-CHECKER = "check_points.py"
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
-@pytest.mark.parametrize("args, fragment", [
-    (["TRAIN.EPOCS", "3"], "TRAIN.EPOCS"),  # a typo
-    (["TRAIN.EPOCHS"], "TRAIN.EPOCHS"),  # an odd number of overrides
-    (["TRAIN.EPOCHS", "many"], "TRAIN.EPOCHS"),  # a value of the wrong type
+@pytest.mark.parametrize("args, fragments", [
+    (["--repeat", "0"], ["--repeat 0", "at least 1"]),
+    (["--cfg", "nope.yaml"], ["nope.yaml not found"]),
+    (["TRAIN.LR", "abc"], ["TRAIN.LR expects a number"]),
+    (["--repeat", "x"], ["--repeat: invalid int value"]),  # argparse printed its usage: three lines
 ])
-def test_every_point_is_checked_before_any_starts(script: str, args: list[str], fragment: str, tmp_path: Path,
-                                                  fake_python: Path) -> None:
-    # used to start every point, each failing on the same mistake (exit 1 after N failures)
-    log, calls = tmp_path / "argv.jsonl", tmp_path / "calls.jsonl"
-    out = sweep(script, tmp_path, *args, PYTHON=str(fake_python), ARGV_LOG=str(log), CALL_LOG=str(calls),
-                SWEEP_ROOT="sw", NPROC="1", LRS="0.1 0.05", MODELS="a b")
-    line = assert_user_error(out, fragment)
-    assert line.startswith("sweep: point lr0.1_a: "), line
-    assert points(log) == [] and not (tmp_path / "sw").exists()
-    # one Python process built all four points' configs
-    assert sum(CHECKER in " ".join(json.loads(c)) for c in calls.read_text().splitlines()) == 1
-
-
-def test_good_points_are_checked_once_then_run(tmp_path: Path, fake_python: Path) -> None:
-    log, calls = tmp_path / "argv.jsonl", tmp_path / "calls.jsonl"
-    out = sweep("per_gpu.sh", tmp_path, "TRAIN.EPOCHS", "3", PYTHON=str(fake_python), ARGV_LOG=str(log),
-                CALL_LOG=str(calls), SWEEP_ROOT="sw", JOBS="2", LRS="0.1 0.05", MODELS="a b")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert len(points(log)) == 4
-    assert sum(CHECKER in " ".join(json.loads(c)) for c in calls.read_text().splitlines()) == 1
+def test_overhead_mistakes(args: list[str], fragments: list[str]) -> None:
+    # used to end in an IndexError or a CalledProcessError traceback from the timed child
+    assert_user_error(run_tool("sweeps/overhead.py", args, timeout=60), *fragments)
