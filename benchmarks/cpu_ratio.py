@@ -64,10 +64,13 @@ def process_runners(name: str, args: argparse.Namespace, env: dict[str, str]) ->
 
 def inprocess_runners(name: str, args: argparse.Namespace) -> dict:
     """Build both in this process, warm both up; callables that time one block of steps each."""
+    from runner.startup import prepare
+
+    prepare()  # the runner's CPU-thread choice for both, before raw_loop imports torch
     import raw_loop  # benchmarks/ is on sys.path: it is this script's own folder
     import torch
 
-    from runner.bench import train_steps
+    from runner.bench.step import train_steps
     from runner.config import load_config
     from runner.engine import build_trainer
 

@@ -21,6 +21,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from runner.startup import prepare
+
+prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
+
 import torch
 import torchvision
 from PIL import Image

@@ -48,7 +48,7 @@ COMMON=(DEVICE "$DEV" AMP.ENABLED True AMP.DTYPE bfloat16 MODEL.CHANNELS_LAST Tr
         DATA.EVAL_BATCH_SIZE "$BATCH" MODEL.COMPILE_MODE "$COMPILE_MODE")
 peak=$("$PY" -c "
 import torch
-from runner.bench import peak_tflops
+from runner.bench.step import peak_tflops
 print((peak_tflops(torch.cuda.get_device_name(0), 'bf16') or 0) if torch.cuda.is_available() else 0)")
 
 record() {  # $1: name; the rest: the command. Its last stdout line (JSON) goes to RUNS/name.json

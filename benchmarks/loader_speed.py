@@ -12,6 +12,10 @@ from __future__ import annotations
 import json
 import time
 
+from runner.startup import prepare
+
+prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
+
 import torch
 
 from runner.config import build_parser, config_command

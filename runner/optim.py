@@ -6,7 +6,9 @@ the schedule would do without loading torch.
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError
 
@@ -14,8 +16,6 @@ if TYPE_CHECKING:
     import torch
     import torch.nn as nn
 
-# the schedules whose shape depends on TRAIN.EPOCHS (timm derives them from num_epochs); the others only shift
-_LENGTH_SHAPED = {"cosine"}
 _FUSED = {"sgd", "momentum", "adam", "adamw"}  # timm maps these onto torch.optim classes with fused kernels
 
 
@@ -102,23 +102,56 @@ class ConstantLR:
         """No state."""
 
 
-def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
-    """Per-step LR schedule from cfg.TRAIN through timm's create_scheduler_v2."""
-    from timm.scheduler import create_scheduler_v2
+@dataclass(frozen=True)
+class Schedule:
+    """A TRAIN.SCHEDULER value: `build(cfg, optimizer, steps_per_epoch)` returns the per-step schedule (timm's
+    interface: step_update(num_updates), state_dict, load_state_dict); `length_shaped`: its shape follows
+    TRAIN.EPOCHS, so a longer run re-derives it (what a resume or an extension then says)."""
 
-    if cfg.TRAIN.SCHEDULER == "none":
-        return ConstantLR(optimizer)
-    sched, _ = create_scheduler_v2(
-        optimizer, sched=cfg.TRAIN.SCHEDULER, num_epochs=cfg.TRAIN.EPOCHS, decay_epochs=cfg.TRAIN.DECAY_EPOCHS,
-        decay_rate=cfg.TRAIN.DECAY_RATE, min_lr=cfg.TRAIN.MIN_LR, warmup_lr=cfg.TRAIN.WARMUP_LR,
-        warmup_epochs=cfg.TRAIN.WARMUP_EPOCHS, step_on_epochs=False, updates_per_epoch=steps_per_epoch,
-    )
-    return sched
+    build: Callable[[Any, Any, int], Any]
+    length_shaped: bool = False
+
+
+SCHEDULES: dict[str, Schedule] = {}  # TRAIN.SCHEDULER's values (config/schema.py checks against this table)
+
+
+def register_schedule(name: str, build: Callable[[Any, Any, int], Any], length_shaped: bool = False) -> Schedule:
+    """Add an LR schedule under `name`: the one line a new schedule needs (its module defines `build`)."""
+    SCHEDULES[name] = Schedule(build, length_shaped)
+    return SCHEDULES[name]
+
+
+def timm_schedule(name: str) -> Callable[[Any, Any, int], Any]:
+    """A builder over timm's create_scheduler_v2 for its schedule `name`, stepped per optimizer step."""
+
+    def build(cfg, optimizer, steps_per_epoch: int):
+        """timm's scheduler from cfg.TRAIN."""
+        from timm.scheduler import create_scheduler_v2
+
+        sched, _ = create_scheduler_v2(
+            optimizer, sched=name, num_epochs=cfg.TRAIN.EPOCHS, decay_epochs=cfg.TRAIN.DECAY_EPOCHS,
+            decay_rate=cfg.TRAIN.DECAY_RATE, min_lr=cfg.TRAIN.MIN_LR, warmup_lr=cfg.TRAIN.WARMUP_LR,
+            warmup_epochs=cfg.TRAIN.WARMUP_EPOCHS, step_on_epochs=False, updates_per_epoch=steps_per_epoch)
+        return sched
+
+    return build
+
+
+# timm derives cosine's shape from num_epochs; step's decay points and the constant LR only shift with the length
+register_schedule("cosine", timm_schedule("cosine"), length_shaped=True)
+register_schedule("step", timm_schedule("step"))
+register_schedule("none", lambda cfg, optimizer, steps_per_epoch: ConstantLR(optimizer))
+
+
+def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
+    """The per-step LR schedule TRAIN.SCHEDULER names."""
+    return SCHEDULES[cfg.TRAIN.SCHEDULER].build(cfg, optimizer, steps_per_epoch)
 
 
 def reshaped_by_length(cfg, old_epochs) -> bool:
     """True when training `cfg` on from a run of `old_epochs` epochs re-derives the LR schedule's shape."""
-    return old_epochs != cfg.TRAIN.EPOCHS and cfg.TRAIN.SCHEDULER in _LENGTH_SHAPED
+    schedule = SCHEDULES.get(cfg.TRAIN.SCHEDULER)
+    return old_epochs != cfg.TRAIN.EPOCHS and schedule is not None and schedule.length_shaped
 
 
 def schedule_on_extension(cfg, old_epochs, step) -> str:

@@ -175,3 +175,55 @@ def test_every_scheduler_keeps_the_layer_scale(sched):
         assert lr[id(model.blocks[1].mlp.fc1.weight)] == pytest.approx(head * 0.5)
         assert lr[id(model.patch_embed.proj.weight)] == pytest.approx(head * 0.125)
         assert head == pytest.approx(0.1) if sched == "none" else 0 < head <= 0.1
+
+
+TOY_SCHEDULE = '''
+class HalfLR:
+    """Half the optimizer's LR from the first step on (timm's scheduler interface)."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.base = optimizer, [g["lr"] for g in optimizer.param_groups]
+
+    def step_update(self, num_updates):
+        for group, base in zip(self.optimizer.param_groups, self.base):
+            group["lr"] = base / 2
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def build(cfg, optimizer, steps_per_epoch):
+    return HalfLR(optimizer)
+'''
+
+
+@pytest.fixture
+def half_schedule(tmp_path, monkeypatch):
+    """A schedule in a module of its own, registered with its one line (removed from the table afterwards)."""
+    from runner import optim
+
+    (tmp_path / "half_lr.py").write_text(TOY_SCHEDULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import half_lr
+
+    yield optim.register_schedule("half", half_lr.build)  # the one line
+    optim.SCHEDULES.pop("half")
+
+
+def test_a_new_schedule_is_one_module_and_one_line_and_trains(half_schedule, tmp_path):
+    from runner.config import load_config
+    from runner.engine import build_trainer
+
+    cfg, _ = load_config(["DEVICE", "cpu", "DATA.NAME", "synthetic", *TINY, "DATA.BATCH_SIZE", "8",
+                          "TRAIN.SCHEDULER", "half", "TRAIN.LR", "0.2", "TRAIN.MAX_STEPS", "2",
+                          "OUTPUT_DIR", str(tmp_path / "run")])
+    trainer = build_trainer(cfg, hooks=[])
+    try:
+        trainer.run_until(2)
+    finally:
+        trainer.close()
+    assert [g["lr"] for g in trainer.stepper.optimizer.param_groups][0] == pytest.approx(0.1)
+    assert "half" in ENUMS["TRAIN.SCHEDULER"]

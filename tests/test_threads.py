@@ -1,5 +1,5 @@
 """CPU threads (runner/threads.py): cgroup quota files, the precedence of affinity, quota, local ranks and the user's
-environment, and the choice in effect in a real process that imports runner before torch."""
+environment, and the choice in effect in a real process whose entry point prepares before torch loads."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from runner import threads
 from tests.utils import ROOT, TINY, TRAIN
 
 # a fresh process: its choice, torch's count and what libgomp itself read (OMP_DISPLAY_ENV prints its settings)
-PROBE = ("import json, os, runner, torch; from runner import threads; "
+PROBE = ("import json, os; from runner.startup import prepare; prepare(); import torch; from runner import threads; "
          "print(json.dumps({'torch': torch.get_num_threads(), 'line': threads.describe(), "
          "'env': {k: os.environ.get(k) for k in ('OMP_NUM_THREADS', 'OMP_WAIT_POLICY', threads.MARKER)}}))")
 

@@ -23,6 +23,10 @@ from __future__ import annotations
 
 import json
 
+from runner.startup import prepare
+
+prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
+
 from runner.config import build_parser
 from runner.errors import UserError, cli
 from runner.preflight import config_command
@@ -81,7 +85,7 @@ def _variant(cfg, model: str | None, batch: int | None):
 def _loader(cfg, dist, counts: list[int] | None, batches: int, warmup: int, record: dict) -> str:
     """Time the train loader at each count (every rank: they share the machine as in training), add the verdict's
     figures to `record`; the text to print."""
-    from runner import loader_bench as lbench
+    from runner.bench import loader as lbench
 
     cores, _ = lbench.rank_cores()
     counts = list(counts) if counts is not None else lbench.default_counts(cores)
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--loader measures one config: give at most one --models and one --batch-sizes value")
 
     from runner import distributed
-    from runner.bench import benchmark, format_table
+    from runner.bench.step import benchmark, format_table
 
     results = []
     dist = distributed.setup(cfg)  # once for every variant: a group per variant could read stale rendezvous keys

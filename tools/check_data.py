@@ -16,6 +16,10 @@ from __future__ import annotations
 import sys
 import time
 
+from runner.startup import prepare
+
+prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
+
 from runner.data.sources import source
 from runner.errors import DataUnavailable, UserError, cli
 from runner.preflight import config_command

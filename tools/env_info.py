@@ -4,8 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from runner.envinfo import collect_env, format_env
+from runner.startup import prepare
+
+prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
+
 from runner.errors import argument_error, cli
+from runner.rundir.envinfo import collect_env, format_env
 
 
 @cli

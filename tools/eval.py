@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 
+from runner.startup import prepare
+
+prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
+
 from runner.errors import UserError, cli
 from runner.preflight import config_command
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 
+from runner.startup import prepare
+
+prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
+
 from runner.config import build_parser
 from runner.errors import UserError, cli
 from runner.preflight import config_command
@@ -27,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from runner.flops import model_stats
+    from runner.bench.flops import model_stats
     from runner.model import build_model
 
     device = torch.device(info.args.device)

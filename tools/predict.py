@@ -19,7 +19,10 @@ import sys
 from pathlib import Path
 
 # isort: off
-import runner  # noqa: F401  (first: its CPU-thread choice must be in the environment before torch loads)
+from runner.startup import prepare
+
+prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
+
 import torch
 # isort: on
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runner.errors import UserError, argument_error, cli
 from runner.rundir.reader import ACTIVE_S
-from runner.summary import DEFAULT_SORT, best_index, sort_rows, summarize, to_csv, to_markdown
+from runner.sweep.summary import DEFAULT_SORT, best_index, sort_rows, summarize, to_csv, to_markdown
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -15,6 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 
+from runner.startup import prepare
+
+prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
+
 from runner.config import build_parser
 from runner.errors import UserError, cli, run_script
 from runner.preflight import config_command

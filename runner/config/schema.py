@@ -22,6 +22,7 @@ from yacs.config import CfgNode as CN
 
 from runner.config.defaults import _C
 from runner.errors import UserError
+from runner.optim import SCHEDULES
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -92,6 +93,20 @@ OPTIMIZERS = (
 ).split()
 
 
+class ScheduleNames:
+    """TRAIN.SCHEDULER's allowed values, read from runner.optim's table when checked (a schedule registered by the
+    user's own module counts)."""
+
+    def __iter__(self):
+        return iter(tuple(SCHEDULES))
+
+    def __contains__(self, name: object) -> bool:
+        return name in SCHEDULES
+
+    def __len__(self) -> int:
+        return len(SCHEDULES)
+
+
 # Allowed values of the string keys that are choices (TRAIN.OPTIMIZER is checked separately; DATA.NAME and each
 # source's own rules by the table of sources, runner/data/sources.py, which runner.preflight adds to validate)
 ENUMS = {
@@ -100,7 +115,7 @@ ENUMS = {
     "DATA.WORKER_START": ("forkserver", "fork", "spawn"),
     "AUG.REMODE": ("const", "rand", "pixel"),
     "AUG.INTERPOLATION": ("bilinear", "bicubic", "nearest", "random"),
-    "TRAIN.SCHEDULER": ("cosine", "step", "none"),
+    "TRAIN.SCHEDULER": ScheduleNames(),
     "TRAIN.CLIP_MODE": ("norm", "value", "agc"),
     "AMP.DTYPE": ("bfloat16", "float16"),
     "DIST.BACKEND": ("auto", "nccl", "gloo"),

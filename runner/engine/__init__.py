@@ -8,10 +8,11 @@ Modules, imports running one way (each imports only those above it):
     status      RunStatus (run.json, results.json, TensorBoard's hparams)
     watchdog    Watchdog (hangs: stacks, run.json hung, exit 76), relaying failures of any rank via the store
     loop        Trainer: epochs, batches, resume position, the step and the hooks in order
+    claim       claiming OUTPUT_DIR under the run lock, finding and loading the checkpoint, the run's files
+                (following runner.rundir's rules)
     build       build_trainer(cfg): the one place that reads the config to wire a run; train(cfg)
 
-A new side duty is a Hook subclass added to build.run_hooks at the place its order requires. Claiming OUTPUT_DIR,
-resuming and the run's files are runner.rundir.claim's, called from build.
+A new side duty is a Hook subclass added to build.run_hooks at the place its order requires.
 """
 from runner.engine.build import AlreadyDone, autocast_for, build_trainer, configure_backends, train
 from runner.engine.evaluation import evaluate

@@ -31,6 +31,7 @@ from runner.data import build_data
 from runner.data.loaders import epoch_seed
 from runner.distill import distillation_loss
 from runner.distributed import Dist
+from runner.engine.claim import AlreadyDone, claim_output_dir, resume, write_run_files
 from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Checkpointer, Hook, MetricLogger, Profiler
 from runner.engine.loop import Trainer
@@ -42,7 +43,6 @@ from runner.errors import UserError
 from runner.model import build_model, compiler, prepare_model
 from runner.optim import build_optimizer, build_scheduler
 from runner.profiler import build_profiler
-from runner.rundir.claim import AlreadyDone, claim_output_dir, resume, write_run_files
 from runner.rundir.lock import RunLock
 from runner.rundir.rules import done_line
 from runner.sinks import MetricWriter, check_sinks, run_hparams, setup_logging

@@ -9,8 +9,9 @@ Modules, imports running one way (each imports only those above it):
     reader       the one reader of a finished or running folder: status, results, metrics rows, stored config,
                  state in one word (`python -m runner.rundir state DIR` for shell scripts)
     rules        refusals (not ours, mixing two runs, a changed config), finished_run, done_line, extension
-    claim        claim_output_dir, find_checkpoint, resume, check_global_batch, write_run_files (torch; takes the
-                 engine's objects as arguments, never imports runner.engine)
+    envinfo      env.txt: versions, devices and the environment a run started in (torch imported when asked)
 
-Everything above `claim` is torch-free: tools/train.py skips a finished run with `rules` before torch loads.
+All of it is torch-free at import: tools/train.py skips a finished run with `rules` before torch loads. The act of
+claiming a folder (the lock under the process group, loading the checkpoint into the trainer) is the engine's:
+runner/engine/claim.py, following these rules.
 """

@@ -1,6 +1,15 @@
-"""Sweeps: a sweep file (cfg, set, grid, points, root, search) becomes validated points with stable folder names.
+"""Sweeps and searches: a sweep file (cfg, set, grid, points, root, search) becomes checked points, or an ASHA
+search over an Optuna study, run by the launchers in tools/sweeps/.
 
-spec (the file, read and checked like a config file) <- points (the crossing, folder names, train.py arguments,
-every point's config built once) <- __main__ (`python -m runner.sweep`, for the bash launchers in tools/sweeps/).
+Modules, imports running one way (each imports only those above it):
+    spec     the sweep file, read and checked like a config file (yaml.safe_load, file:line in messages)
+    points   the crossing, stable folder names, train.py's arguments; every point's config built once
+    summary  the table of a folder of runs (tools/summarize.py): the rundir reader over each run
+    search   `search:`: the space, metric, mode, sampler, ASHA rungs, checked against the config
+    asha     the scheduler (promotions from the top rung down, new trials, repechage of paused trials)
+    study    the Optuna study in ROOT/study.journal (the file journal: no server)
+    worker   one worker: take a job under ROOT's lock, train it with --pause-after-epoch, report its rung
+    table, report  the trials' table and ROOT/report.html (self-contained)
+    cli, __main__  `python -m runner.sweep points|root|search ...` for the launchers
 Nothing here imports torch.
 """

@@ -40,10 +40,10 @@ def test_one_flatten_for_configs_and_plain_mappings():
 
 
 def test_summary_reads_configs_with_the_one_flatten():
-    import runner.summary
+    import runner.sweep.summary
 
-    assert runner.summary.flatten is flatten  # tools/predict.py's use: tests/test_predict.py (split_images)
-    assert runner.summary.default_values() == {k: list(v) if isinstance(v, tuple) else v
+    assert runner.sweep.summary.flatten is flatten  # tools/predict.py's use: tests/test_predict.py (split_images)
+    assert runner.sweep.summary.default_values() == {k: list(v) if isinstance(v, tuple) else v
                                                for k, v in flatten(get_default_config()).items()}
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from runner.config import load_config
+from runner.engine.claim import check_global_batch
 from runner.errors import UserError
-from runner.rundir.claim import check_global_batch
 from tests.engine.test_elastic import snapshot
 from tests.engine.test_resume import Launch, tb_scalars
 from tests.utils import ROOT, TRAIN, assert_user_error, read_jsonl, run_tool

@@ -14,10 +14,10 @@ import pytest
 
 from runner.config import get_default_config
 from runner.rundir.lock import RunLock
-from runner.summary import summarize
+from runner.sweep.summary import summarize
 from tests.utils import assert_user_error
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OLD = time.time() - 3600  # an hour ago: long past the "recently active" window
 
 
@@ -212,7 +212,7 @@ def test_skips_checkpoint_and_profile_folders(tmp_path: Path) -> None:
 
 
 def test_light_and_fast(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", "import sys, runner.summary; print('torch' in sys.modules)"],
+    out = subprocess.run([sys.executable, "-c", "import sys, runner.sweep.summary; print('torch' in sys.modules)"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
     for i in range(300):

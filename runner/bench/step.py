@@ -157,8 +157,8 @@ def benchmark(cfg, steps: int, warmup: int, infer_batches: int, dist=None) -> di
     `dist`: a process group the caller set up once for several configs; by default one is set up and torn down.
     """
     from runner import distributed
+    from runner.bench.flops import model_stats
     from runner.engine import build_trainer
-    from runner.flops import model_stats
 
     own = dist is None
     dist = distributed.setup(cfg) if own else dist

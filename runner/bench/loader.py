@@ -1,6 +1,6 @@
 """The run's own train loader alone at several worker counts, and whether the measured training step would wait.
 
-`tools/benchmark.py --loader` uses it: the step's img/s comes from runner.bench, the loader's from here. The
+`tools/benchmark.py --loader` uses it: the step's img/s comes from runner.bench.step, the loader's from here. The
 loader is built by `build_data` exactly as training builds it, with only DATA.NUM_WORKERS changed per row, and
 iterated with no model. Nothing is written.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from runner.bench import sync
+from runner.bench.step import sync
 from runner.data.sources import source
 
 

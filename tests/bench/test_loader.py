@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from runner.loader_bench import default_counts, per_worker_rate
+from runner.bench.loader import default_counts, per_worker_rate
+from tests.bench.test_benchmark import check_record, last_json, run
 from tests.data.fixtures import export_digits_jpegs
-from tests.engine.test_benchmark import check_record, last_json, run
 
 SMALL = ["DEVICE", "cpu", "MODEL.NAME", "test_resnet", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "16",
          "--steps", "2", "--warmup", "1", "--infer-batches", "1", "--loader-batches", "3", "--loader-warmup", "1"]

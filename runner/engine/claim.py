@@ -1,8 +1,8 @@
 """Claiming OUTPUT_DIR for this run, finding the checkpoint to resume from, writing the run's files.
 
-The engine calls these with what they need (the process group, the lock, the status hook, the trainer); nothing
-here imports runner.engine. Following CHECKPOINT.RESUME runs one way: claim -> rules (torch-free refusals) and
-runner.checkpoint (loading) -> layout.
+The engine's act on the run folder, with the process group, the lock, the status hook and the trainer; the rules
+it follows are runner.rundir's (torch-free, shared with the tools). Following CHECKPOINT.RESUME runs one way:
+claim -> rundir.rules (refusals) and runner.checkpoint (loading) -> rundir.checkpoints, rundir.layout.
 """
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def write_run_files(cfg, dist: Dist, class_names: list[str]) -> None:
     if not dist.is_main:
         return
     from runner.config import dump_config
-    from runner.envinfo import collect_env, format_env
+    from runner.rundir.envinfo import collect_env, format_env
 
     out = Path(cfg.OUTPUT_DIR)
     extended = rules.keep_finished_result(cfg)  # after the resume checks: a refused extension renames nothing

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from runner.envinfo import NOT_INSTALLED, collect_env, format_env
+from runner.rundir.envinfo import NOT_INSTALLED, collect_env, format_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tool(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -11,9 +11,9 @@ import timm
 import torch
 from torch import nn
 
-from runner.flops import forward_flops, model_stats, saved_activation_bytes, train_flops
+from runner.bench.flops import forward_flops, model_stats, saved_activation_bytes, train_flops
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_linear_counts_are_exact():

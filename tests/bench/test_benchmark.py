@@ -1,4 +1,4 @@
-"""tools/benchmark.py, benchmarks/raw_loop.py, benchmarks/startup.py and runner.bench: they run and report
+"""tools/benchmark.py, benchmarks/raw_loop.py, benchmarks/startup.py and runner.bench.step: they run and report
 well-formed figures. A benchmark is not a test: no speed is ever asserted."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from runner.bench import format_table, peak_tflops, precision_name
+from runner.bench.step import format_table, peak_tflops, precision_name
 from runner.config import load_config
 from tests.utils import ROOT
 
@@ -197,7 +197,7 @@ def test_training_steps_never_read_the_device(tmp_path, extra):
     """The fast path: the loop with no hooks (batch fetch, step, optimizer step) never waits on the device."""
     import torch
 
-    from runner.bench import train_steps
+    from runner.bench.step import train_steps
     from runner.engine import build_trainer
 
     cfg, _ = load_config(["DEVICE", "cpu", "DATA.NAME", "synthetic", "MODEL.NAME", "resnet10t",
@@ -235,7 +235,7 @@ def test_mfu_is_over_every_device_of_the_job(monkeypatch):
     """8 ranks at one rank's speed: 8x the images and the FLOP/s, the same utilisation (not 8x)."""
     import torch
 
-    from runner import bench
+    from runner.bench import step as bench
 
     monkeypatch.setattr(bench, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
     cfg, _ = load_config(["AMP.ENABLED", "True"])
@@ -257,7 +257,7 @@ def test_inference_warmup_covers_cuda_graph_recording():
 
     import torch
 
-    from runner.bench import inference_warmup_rounds, time_inference
+    from runner.bench.step import inference_warmup_rounds, time_inference
 
     for mode, rounds in [("default", 1), ("reduce-overhead", 3), ("max-autotune", 3),
                          ("max-autotune-no-cudagraphs", 1)]:

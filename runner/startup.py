@@ -1,0 +1,36 @@
+"""What a process that trains, evaluates or times a model sets up before torch loads, called by its entry point.
+
+Importing a runner module changes nothing in the process: the entry points (tools/*.py, the benchmarks, a
+user's own script) call `prepare()` first, before anything imports torch or timm.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import sys
+
+from runner import threads
+
+
+class _NoWandbForTimm(importlib.abc.MetaPathFinder):
+    """timm.utils.summary imports wandb at `import timm` whenever it is installed, for timm's own train.py
+    logging: about 1 s of every run and tool, with LOG.WANDB off too. That one import is answered "not
+    installed"; any other (the runner's W&B sink) loads wandb as usual."""
+
+    def find_spec(self, name, path=None, target=None):
+        """ImportError for `import wandb` from timm.utils.summary; None (no opinion) for everything else."""
+        if name != "wandb":
+            return None
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_globals.get("__name__") == "timm.utils.summary":
+                raise ImportError("wandb is not imported for timm's own logging (see runner/startup.py)")
+            frame = frame.f_back
+        return None
+
+
+def prepare() -> threads.Choice:
+    """Before torch loads: the CPU-thread choice in the environment (libgomp reads it once, as torch loads) and
+    timm's own `import wandb` skipped; idempotent. Returns the thread choice."""
+    if not any(isinstance(f, _NoWandbForTimm) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoWandbForTimm())
+    return threads.configure()
