@@ -62,7 +62,8 @@ def load_points(path: str, extra: Sequence[str] = (), root: str | None = None,
 def plan(sweep: Sweep, extra: Sequence[str] = (), root: str | None = None) -> list[Point]:
     """Every point of `sweep`, in order, each in its own folder under `root` (default: the sweep's root)."""
     if not sweep.grid and not sweep.points:
-        what = "its search: is not run by this version" if sweep.search is not None else "it has none"
+        what = ("a search: is run by tools/sweeps/run.sh or python -m runner.sweep search" if sweep.search is not None
+                else "it has none")
         raise UserError(f"sweep {sweep.path}: no points ({what}); give grid: or points:")
     extra = list(extra)
     check_extra(sweep, extra)

@@ -205,7 +205,7 @@ def test_two_points_in_one_folder_are_refused_before_anything_runs(tmp_path):
     ("grid: {SEED: [1]}\npoints: [{SEED: 2}]\n", "SEED is in grid: and in points:"),
     ("grid: {OUTPUT_DIR: [a, b]}\n", "grid: OUTPUT_DIR is the sweep's"),
     ("set: {SEED: 1}\n", "no points (it has none); give grid: or points:"),
-    ("search: {trials: 3}\n", "no points (its search: is not run by this version)"),
+    ("search: {trials: 3}\n", "no points (a search: is run by tools/sweeps/run.sh"),
     ("grid: {SEED: [1]}\ngrid: {SEED: [2]}\n", "the top level: grid is given twice"),
     ("grid: {TRAIN.LABEL_SMOOTHING: [0.1, 1.5]}\n", "point label_smoothing=1.5: TRAIN.LABEL_SMOOTHING must be"),
     ("grid: {SEED: !!python/object/apply:os.system [touch PWNED]}\n", ":3: YAML tag tag:yaml.org,2002:python/"),
