@@ -41,6 +41,17 @@ def slurm_sh(cluster: Cluster | None, *args: str, **env: str) -> subprocess.Comp
                           cwd=ROOT)
 
 
+def sweep_file(folder: Path, body: str, root: str = "sweep") -> Path:
+    """A sweep file on the digits config (`body`: its other sections), its points under folder/root."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "s.yaml"
+    path.write_text(f"cfg: {CFG}\nroot: {root}\n{body}")
+    return path
+
+
+GRID = "grid:\n  TRAIN.LR: [0.1, 0.05]\n  MODEL.NAME: [test_resnet, test_efficientnet]\n"
+
+
 def wait_all_ended(cluster: Cluster, timeout: float = 150) -> None:
     """Until no job is left in the queue; requeued ones are started at once instead of after 120 s."""
     end = time.monotonic() + timeout
@@ -164,16 +175,14 @@ def folder_reference(tmp_path_factory: pytest.TempPathFactory, folder_point: lis
 @pytest.mark.slow
 def test_sweep_array_throttled_and_resubmitted(slurm_cluster: Cluster, tmp_path: Path) -> None:
     """4 points with THROTTLE=2: at most 2 tasks at once, all done, 4 rows; the same command again submits nothing."""
-    root = tmp_path / "lr_x_model"
-    sweep = {"SWEEP_ROOT": str(root), "LRS": "0.1 0.05", "MODELS": "test_resnet test_efficientnet",
-             "THROTTLE": "2"}
+    path, root = sweep_file(tmp_path, GRID), tmp_path / "sweep"
     t0 = time.monotonic()
-    first = slurm_sh(slurm_cluster, "lr_x_model", "TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "4", *TINY, **sweep)
+    first = slurm_sh(slurm_cluster, str(path), "TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "4", *TINY, THROTTLE="2")
     assert first.returncode == 0, first.stderr
     assert "as array job" in first.stdout and "(0-3%2)" in first.stdout, first.stdout
     wait_all_ended(slurm_cluster)
     wall = time.monotonic() - t0
-    points = [f"lr{lr}_{m}" for lr in ("0.1", "0.05") for m in ("test_resnet", "test_efficientnet")]
+    points = [f"lr={lr},model.name={m}" for lr in ("0.1", "0.05") for m in ("test_resnet", "test_efficientnet")]
     spans = []
     for p in points:
         ev = events(root, p)
@@ -183,14 +192,81 @@ def test_sweep_array_throttled_and_resubmitted(slurm_cluster: Cluster, tmp_path:
     assert max_overlap(spans) == 2, spans  # throttled to 2, and 2 did run side by side
     rows = table_rows(root)  # written by the dependent job once the array ended
     assert sorted(rows) == sorted(points) and all("| done |" in r for r in rows.values()), rows
+    printed = next((root / "slurm" / "logs").glob("table-*.out")).read_text()
+    assert printed == (root / "slurm" / "table.md").read_text(), printed  # the table job printed it too
     t1 = time.monotonic()
-    again = slurm_sh(slurm_cluster, "lr_x_model", "TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "4", *TINY, **sweep)
+    again = slurm_sh(slurm_cluster, str(path), "TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "4", *TINY, THROTTLE="2")
     resubmit = time.monotonic() - t1
     assert again.returncode == 0, again.stderr
     assert "nothing submitted" in again.stdout and all(f"skip {p} (done)" in again.stdout for p in points)
     assert not slurm_cluster.run("squeue", "-h").stdout.strip()
     assert len(list((root / "slurm").glob("submit-*.tsv"))) == 1  # no second array
     print(f"4-point sweep (throttle 2): {wall:.1f} s to all ended; re-submission {resubmit:.2f} s")
+
+
+SEARCH = ("set: {TRAIN.EPOCHS: 2, DATA.IMG_SIZE: 8, DATA.BATCH_SIZE: 64, DATA.VAL_FRACTION: 0.1, "
+          "DATA.NUM_WORKERS: 0}\nsearch:\n  trials: 3\n  seed: 0\n  asha: {eta: 2, min_epochs: 1}\n"
+          "  space: {TRAIN.LR: {log: [1.0e-4, 1.0e-1]}}\n")
+
+
+def study_trials(path: Path, *extra: str) -> list:
+    """The trials of the search in the sweep file at `path` (`extra`: the command line's KEY VALUE)."""
+    from runner.sweep.search import load_search
+    from runner.sweep.study import open_study
+
+    return open_study(load_search(str(path), list(extra)), create=False).trials
+
+
+@pytest.mark.slow
+def test_search_workers_finish_the_study_and_the_table_job_prints_it(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """WORKERS=2: an array of two search workers that pull trials until the study is done; then the search table."""
+    from optuna.trial import TrialState
+
+    path, root = sweep_file(tmp_path, SEARCH), tmp_path / "sweep"
+    sub = slurm_sh(slurm_cluster, str(path), "LOG.PERIOD", "5", WORKERS="2")
+    assert sub.returncode == 0, sub.stderr
+    assert "submitted 2 worker(s) as array job" in sub.stdout and "(0-1)" in sub.stdout, sub.stdout
+    wait_all_ended(slurm_cluster, timeout=300)
+    for k in range(2):
+        ev = events(root, f"worker_{k}")
+        assert [e["event"] for e in ev] == ["start", "end"] and ev[1]["action"] == "done", ev
+    trials = study_trials(path, "LOG.PERIOD", "5")
+    assert len(trials) == 3 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert sum(t.state == TrialState.COMPLETE for t in trials) >= 1
+    table = (root / "slurm" / "table.md").read_text()
+    assert "3 of 3 trials" in table and f"--cfg {root}/trial_" in table, table
+    assert (root / "report.html").is_file()
+    logs = {p.name for p in (root / "logs").iterdir()}
+    assert {"worker_0.log", "worker_1.log", "trial_0.log"} <= logs, logs
+
+
+@pytest.mark.slow
+def test_a_requeued_search_worker_resumes_its_trial(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """USR1 to a worker mid-trial: the trial saves (75), the worker exits 75 and requeues; the trial resumes."""
+    path, root = sweep_file(tmp_path, SEARCH.replace("TRAIN.EPOCHS: 2", "TRAIN.EPOCHS: 4, TRAIN.EMA: true").replace(
+        "DATA.BATCH_SIZE: 64", "DATA.BATCH_SIZE: 16").replace("trials: 3", "trials: 1").replace(
+        "  asha: {eta: 2, min_epochs: 1}\n", "")), tmp_path / "sweep"  # one trial, trained to the end in one go
+    # LOG.PERIOD 1: a row per step (a row after a mid-period resume averages fewer steps than a straight run's)
+    sub = slurm_sh(slurm_cluster, str(path), "LOG.PERIOD", "1", WORKERS="1")
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.split("array job ")[1].split()[0]
+    wait_step(root / "trial_0", 20, timeout=120)
+    slurm_cluster.run("scancel", "--signal=USR1", "--full", f"{job}_0")
+    wait_all_ended(slurm_cluster, timeout=300)
+    ev = events(root, "worker_0")
+    assert [e["event"] for e in ev] == ["start", "end", "start", "end"], ev
+    assert ev[1]["action"] == "requeue" and ev[1]["rc"] == 75 and ev[3]["action"] == "done", ev
+    log = (root / "logs" / "trial_0.log").read_text()
+    assert "preempted at step" in log and "resumed from" in log, log[-2000:]
+    steps = [r["step"] for r in read_jsonl(root / "trial_0" / "metrics.jsonl") if "train/loss" in r]
+    assert steps == list(range(1, steps[-1] + 1)), "steps lost or repeated across the requeue"
+    assert [t.state.name for t in study_trials(path, "LOG.PERIOD", "1")] == ["COMPLETE"]
+    ref = tmp_path / "straight"  # the trial's own config trained without a stop: the same run, exactly
+    proc = subprocess.run([sys.executable, TRAIN, "--cfg", str(root / "trial_0" / "config.yaml"), "OUTPUT_DIR",
+                           str(ref)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_same_run(root / "trial_0", ref)
 
 
 @pytest.mark.slow
@@ -322,17 +398,16 @@ def test_two_process_point_through_srun_and_torchrun(slurm_cluster: Cluster, tmp
 
 @pytest.mark.parametrize("setting, env, fragment", [
     ("throttle 0", {"THROTTLE": "0"}, "THROTTLE=0"),
-    ("no points", {"LRS": " "}, "LRS holds no value"),
     ("no sbatch", {"SBATCH": "/nonexistent/sbatch"}, "SBATCH=/nonexistent/sbatch"),
     ("SLURM_CONF unreadable", {"SLURM_CONF": "/nonexistent/slurm.conf"}, "SLURM_CONF=/nonexistent/slurm.conf"),
     ("bad warning signal", {"WARN_SIGNAL": "HUP@60"}, "WARN_SIGNAL=HUP@60"),
 ])
 def test_bad_setting_is_one_line_before_submitting(tmp_path: Path, setting: str, env: dict, fragment: str) -> None:
     """Each mistake: exit 2, one line naming the setting, and no submission folder."""
-    root = tmp_path / "s"
-    proc = slurm_sh(None, "lr_x_model", **{"SWEEP_ROOT": str(root), "SBATCH": sys.executable, **env})
+    root = tmp_path / "sweep"
+    proc = slurm_sh(None, str(sweep_file(tmp_path, GRID)), **{"SBATCH": sys.executable, **env})
     assert_user_error(proc, fragment)
-    assert not (root / "slurm").exists(), setting
+    assert not root.exists(), setting
 
 
 @pytest.fixture
@@ -351,29 +426,46 @@ def sbatch_calls(fake: Path) -> list[list[str]]:
     return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
 
 
-@pytest.mark.parametrize("args, env, fragments", [
-    (["lr_x_model", "TRAIN.EPOCS", "3"], {}, ["point lr0.1_test_resnet", "TRAIN.EPOCS"]),  # a typo
-    (["lr_x_model", "TRAIN.EPOCHS", "3", "DATA.IMG_SIZE"], {}, ["DATA.IMG_SIZE"]),  # an odd number of overrides
-    (["lr_x_model"], {"MODELS": "hf-hub:timm/test_resnet hf-hub:timm_test_resnet"},
-     ["lr0.1_hf-hub:timm/test_resnet and lr0.1_hf-hub:timm_test_resnet", "one folder",
-      "s/lr0.1_hf-hub:timm_test_resnet"]),
-    (["run", "--cfg", CFG, "OUTPUT_DIR", "OUT", "TRAIN.LR", "fast"], {}, ["TRAIN.LR expects a number"]),
+@pytest.mark.parametrize("body, args, fragments", [
+    (GRID, ["TRAIN.EPOCS", "3"], ["point lr=0.1,model.name=test_resnet", "TRAIN.EPOCS"]),  # a typo
+    (GRID, ["TRAIN.EPOCHS", "3", "DATA.IMG_SIZE"], ["DATA.IMG_SIZE"]),  # an odd number of overrides
+    ("grid: {MODEL.NAME: ['hf-hub:timm/test_resnet', 'hf-hub:timm_test_resnet']}\n", [],
+     ["MODEL.NAME=hf-hub:timm/test_resnet and MODEL.NAME=hf-hub:timm_test_resnet", "one folder"]),
+    ("grid:\n", [], ["no points"]),
+    ("search: {trials: 2, asha: {eta: 1}, space: {TRAIN.LR: {log: [0.001, 0.1]}}}\n", [], ["eta must be"]),
+    ("", ["run", "--cfg", CFG, "OUTPUT_DIR", "OUT", "TRAIN.LR", "fast"], ["TRAIN.LR expects a number"]),
 ])
-def test_a_wrong_point_is_refused_before_submitting(tmp_path: Path, fake_sbatch: Path, args: list[str], env: dict,
+def test_a_wrong_point_is_refused_before_submitting(tmp_path: Path, fake_sbatch: Path, body: str, args: list[str],
                                                     fragments: list[str]) -> None:
     """Used to submit the array and the table job (exit 0); every task then failed in the queue."""
-    root = tmp_path / "s"
+    path = sweep_file(tmp_path, body)
     args = [str(tmp_path / "r" / "run1") if a == "OUT" else a for a in args]
-    proc = slurm_sh(None, *args, **{"SWEEP_ROOT": str(root), "SBATCH": str(fake_sbatch), "LRS": "0.1 0.05", **env})
+    proc = slurm_sh(None, *(args if args[:1] == ["run"] else [str(path), *args]), SBATCH=str(fake_sbatch))
     assert_user_error(proc, *fragments)
-    assert sbatch_calls(fake_sbatch) == [] and not (root / "slurm").exists() and not (tmp_path / "r").exists()
+    assert sbatch_calls(fake_sbatch) == [] and not (tmp_path / "sweep").exists() and not (tmp_path / "r").exists()
 
 
-def test_unknown_sweep_lists_only_sweeps(tmp_path: Path, fake_sbatch: Path) -> None:
-    """`slurm.sh nosuch` offered common and slurm (helper files) as sweeps."""
-    line = assert_user_error(slurm_sh(None, "nosuch", SBATCH=str(fake_sbatch)), "nosuch is not a sweep")
-    offered = line.split("give one of: ")[1].split(";")[0].split()
-    assert offered == ["lr_x_model", "per_gpu", "torchrun", "or", "run"], line
+def test_neither_a_file_nor_run_is_one_line(tmp_path: Path, fake_sbatch: Path) -> None:
+    """`slurm.sh nosuch` (the old script-name form, lr_x_model, too) names what it takes."""
+    for what in ("nosuch", "lr_x_model"):
+        assert_user_error(slurm_sh(None, what, SBATCH=str(fake_sbatch)), f"{what} is neither a sweep file")
+    assert_user_error(slurm_sh(None, str(tmp_path / "no.yaml"), SBATCH=str(fake_sbatch)), "no.yaml not found")
+
+
+def test_search_file_submits_its_workers_and_the_search_table(tmp_path: Path, fake_sbatch: Path) -> None:
+    """A search: file is an array of WORKERS search workers (default: THROTTLE), then a job for the search's table."""
+    path = sweep_file(tmp_path, "search: {trials: 4, space: {TRAIN.LR: {log: [0.001, 0.1]}}}\n")
+    proc = slurm_sh(None, str(path), "LOG.PERIOD", "5", SBATCH=str(fake_sbatch), THROTTLE="3")
+    assert proc.returncode == 0, proc.stderr
+    assert "submitted 3 worker(s) as array job 7 (0-2%3)" in proc.stdout
+    manifest = next((tmp_path / "sweep" / "slurm").glob("submit-*.tsv")).read_text().splitlines()
+    assert [line.split("\t")[0] for line in manifest] == ["worker_0", "worker_1", "worker_2"]
+    assert manifest[0].split("\t")[3] == f"-m runner.sweep search --no-table {path} LOG.PERIOD 5 "
+    array, table = sbatch_calls(fake_sbatch)
+    assert "--requeue" in array and table[-1].endswith(f"search --table {path} LOG.PERIOD 5 | tee "
+                                                      f"{tmp_path / 'sweep' / 'slurm' / 'table.md'}")
+    proc = slurm_sh(None, str(path), SBATCH=str(fake_sbatch), WORKERS="2")
+    assert proc.returncode == 0 and "submitted 2 worker(s) as array job 7 (0-1)" in proc.stdout, proc.stderr
 
 
 def test_single_run_keeps_its_slurm_files_in_its_own_folder(tmp_path: Path, fake_sbatch: Path) -> None:
@@ -401,13 +493,13 @@ def test_last_task_of_an_array_gets_the_time_limit(slurm_cluster: Cluster, tmp_p
     SLURM gives the array's last task the array's own job id, for which `squeue -j` listed every task: the time
     left was not found and that point had no backstop (and the table showed TRAIN.TIME_LIMIT as a swept column).
     """
+    path = sweep_file(tmp_path, "grid: {TRAIN.LR: [0.1, 0.05]}\n", root="tl2")
     root = tmp_path / "tl2"
-    sub = slurm_sh(slurm_cluster, "--time=5", "lr_x_model", "TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "4", *TINY,
-                   SWEEP_ROOT=str(root), LRS="0.1 0.05", MODELS="test_resnet")
+    sub = slurm_sh(slurm_cluster, "--time=5", str(path), "TRAIN.EPOCHS", "1", "TRAIN.MAX_STEPS", "4", *TINY)
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.split("array job ")[1].split()[0]
     wait_all_ended(slurm_cluster)
-    points = ["lr0.1_test_resnet", "lr0.05_test_resnet"]
+    points = ["lr=0.1", "lr=0.05"]
     evs = {p: events(root, p) for p in points}
     assert max_overlap([(e[0]["t"], e[-1]["t"]) for e in evs.values()]) == 2, evs  # the others still running
     assert any(e[0]["job"] == job for e in evs.values()), evs  # one task ran under the array's own id
