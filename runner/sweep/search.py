@@ -21,6 +21,7 @@ rules (a positive LR, an optimizer timm knows) are said here, not by a trial's e
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,9 @@ EMA_METRICS = {"val_ema/top1": "max", "val_ema/top5": "max"}  # only with TRAIN.
 SAMPLERS = ("tpe", "random", "grid")
 KINDS = ("log", "uniform", "int", "choice")
 TRIAL_PREFIX = "trial_"
+# a number with an exponent and no dot (1e-5): YAML 1.1, which PyYAML reads, takes it as text; the config's keys
+# take it as a number, and so does a range
+EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,8 @@ def _range(sweep: Sweep, key: str, kind: str, args: Any, default: Any) -> tuple:
     if kind not in allowed:
         what = f"takes {' or '.join(allowed)} ranges" if allowed else "is not a number: give {choice: [...]}"
         raise fail(sweep, f"space: {key} ({type(default).__name__}, default {inline_yaml(default)}) {what}, not {kind}")
+    if isinstance(args, list):
+        args = [float(x) if isinstance(x, str) and EXPONENT.fullmatch(x) else x for x in args]
     if not isinstance(args, list) or len(args) != 2 or not all(_is_number(x) for x in args):
         raise fail(sweep, f"space: {key}: {kind}: give [lo, hi], two numbers, got {args!r}")
     lo, hi = args

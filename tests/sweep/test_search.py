@@ -66,6 +66,14 @@ def test_defaults_and_kinds(tmp_path):
     assert loss.mode == "min"
 
 
+def test_a_range_takes_exponents_without_a_dot(tmp_path):
+    # PyYAML (YAML 1.1) reads 1e-5 as text; a config file's TRAIN.LR takes it as a number, and so does a range
+    space = "    TRAIN.LR: {log: [1e-5, 1]}\n    TRAIN.WEIGHT_DECAY: {uniform: [+1E-6, 2e+1]}\n"
+    s = load_search(str(search_file(tmp_path, "trials: 2\n", space)))
+    assert s.space["TRAIN.LR"].args == (1e-5, 1.0) and s.space["TRAIN.WEIGHT_DECAY"].args == (1e-6, 20.0)
+    refused(search_file(tmp_path, "trials: 2\n", "    TRAIN.LR: {log: [1e-5, 1e-x]}\n"), "two numbers")
+
+
 @pytest.mark.parametrize("search, space, match", [
     ("trials: 2\n", "    TRAIN.LRR: {log: [0.1, 1]}\n", ["unknown config key TRAIN.LRR", "TRAIN.LR"]),
     ("trials: 2\n", "    TRAIN.LR: {log: [0, 1]}\n", ["TRAIN.LR: log: lo must be above 0"]),
