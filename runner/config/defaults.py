@@ -213,6 +213,14 @@ _C.TRAIN.MAX_STEPS = 0
 # cosine the LR climbs back up from its end: a warm restart). The default OUTPUT_DIR names the length, so an
 # extension needs the finished run's OUTPUT_DIR given explicitly
 _C.TRAIN.EXTEND = False
+# Early stopping (Lightning's EarlyStopping): end the run after this many evaluations in a row without an improvement
+# of CHECKPOINT.BEST_METRIC (in BEST_MODE) of more than EARLY_STOP_MIN_DELTA over its last improvement; every
+# evaluation counts (epoch ends, EVAL.PERIOD_STEPS). The run is then done: results.json says early_stop (at which
+# step, the best and when, why), and a re-run prints done. Its count is in the checkpoint: a resumed run stops at the
+# same step. 0 = off
+_C.TRAIN.EARLY_STOP_PATIENCE = 0
+# Early stopping: the least change of BEST_METRIC that counts as an improvement (absolute, in the metric's units)
+_C.TRAIN.EARLY_STOP_MIN_DELTA = 0.0
 # Wall-clock budget of this job, in seconds or H:MM:SS ("" = none): the run saves and exits 75 early enough to
 # finish before it (predicted from the measured step, evaluation and save times); the same command continues.
 # For a queue with a hard limit and no warning signal (SLURM's --signal=USR1@120 is handled as a preemption)
@@ -279,6 +287,11 @@ _C.DIST.HANG_TIMEOUT_S = -1.0
 _C.EVAL = CN()
 # Evaluate every this many epochs (and always at the end)
 _C.EVAL.PERIOD = 1
+# Evaluate also every this many optimizer steps of the whole run (step % PERIOD_STEPS == 0; timm#1991: long epochs),
+# in addition to EVAL.PERIOD's epoch ends (set EVAL.PERIOD above TRAIN.EPOCHS for steps only: the end is always
+# evaluated). Its rows in metrics.jsonl carry their step and the epoch in progress; each is followed by a checkpoint,
+# and drives best.pth and early stopping like any evaluation. 0 = off
+_C.EVAL.PERIOD_STEPS = 0
 # Side of the evaluation images, in pixels; 0 = DATA.IMG_SIZE. Testing larger than training is the "FixRes"
 # effect (RSB A3 trains at 160 px and tests at 224); ViT-style models then resample their position embeddings
 _C.EVAL.IMG_SIZE = 0
@@ -294,6 +307,11 @@ _C.CHECKPOINT = CN()
 _C.CHECKPOINT.PERIOD = 0
 # Number of step checkpoints kept (last.pth and best.pth are kept as well)
 _C.CHECKPOINT.KEEP = 3
+# The metric that decides best.pth and results.json's best/* (and early stopping): any scalar the run logs at
+# evaluation: val/top1 | val/top5 | val/loss | val_ema/top1 | val_ema/top5 (val_ema/* with TRAIN.EMA)
+_C.CHECKPOINT.BEST_METRIC = "val/top1"
+# Whether BEST_METRIC is better higher or lower: max | min | auto (min for a loss, max otherwise, as timm's train.py)
+_C.CHECKPOINT.BEST_MODE = "auto"
 # auto (continue from OUTPUT_DIR when it has a checkpoint) | none (start fresh) | <path to a checkpoint>
 # ("~" expanded; relative to the current folder)
 _C.CHECKPOINT.RESUME = "auto"

@@ -122,6 +122,7 @@ ENUMS = {
     "LOG.PROGRESS": ("auto", "bar", "plain"),
     "LOG.WANDB_MODE": ("online", "offline"),
     "TRAIN.LOSS": ("ce", "bce"),
+    "CHECKPOINT.BEST_MODE": ("auto", "max", "min"),
 }
 
 
@@ -167,6 +168,7 @@ _RULES = {
     "DIST.TIMEOUT_S": (lambda x: 1 <= x <= 7 * 24 * 3600, "in [1, 604800] (at most 7 days)"),
     "DIST.BUCKET_CAP_MB": _GE1,
     "EVAL.PERIOD": _GE1, "CHECKPOINT.PERIOD": _GE0, "CHECKPOINT.KEEP": _GE1, "LOG.PERIOD": _GE1,
+    "EVAL.PERIOD_STEPS": _GE0, "TRAIN.EARLY_STOP_PATIENCE": _GE0, "TRAIN.EARLY_STOP_MIN_DELTA": _GE0,
     "PROFILE.WAIT": _GE0, "PROFILE.WARMUP": _GE0, "PROFILE.ACTIVE": _GE1, "PROFILE.ROW_LIMIT": _GE1,
 }
 
@@ -358,6 +360,7 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
     if check_files and cfg.MODEL.CHECKPOINT and not os.path.isfile(cfg.MODEL.CHECKPOINT):
         fail("MODEL.CHECKPOINT", f"MODEL.CHECKPOINT {cfg.MODEL.CHECKPOINT!r} is not a file")
     _validate_distill(cfg, fail, check_files)
+    _validate_best(cfg, fail)
     if parse_time_limit(cfg.TRAIN.TIME_LIMIT) is None:
         fail("TRAIN.TIME_LIMIT", f"TRAIN.TIME_LIMIT {cfg.TRAIN.TIME_LIMIT!r} is not a duration: write seconds "
                                  "(3600) or H:MM:SS (1:00:00), or '' for none")
@@ -374,6 +377,29 @@ def _validate_distill(cfg: CN, fail: Callable[..., None], check_files: bool) -> 
                                 "model (e.g. DISTILL.TEACHER resnet18)")
     if check_files and k.CHECKPOINT and not os.path.isfile(k.CHECKPOINT):
         fail("DISTILL.CHECKPOINT", f"DISTILL.CHECKPOINT {k.CHECKPOINT!r} is not a file")
+
+
+# What the Evaluator logs at each evaluation (runner/engine/evaluation.py), and with TRAIN.EMA; CHECKPOINT.BEST_METRIC
+# is one of them (tests/engine/test_best.py checks these against an evaluation)
+EVAL_METRICS = ("val/top1", "val/top5", "val/loss")
+EMA_METRICS = ("val_ema/top1", "val_ema/top5")
+
+
+def _validate_best(cfg: CN, fail: Callable[..., None]) -> None:
+    """CHECKPOINT.BEST_METRIC is a metric this run logs; early stopping's min delta needs its patience."""
+    metric = cfg.CHECKPOINT.BEST_METRIC
+    if metric in EMA_METRICS and not cfg.TRAIN.EMA:
+        fail("CHECKPOINT.BEST_METRIC", f"CHECKPOINT.BEST_METRIC {metric} needs TRAIN.EMA true (without an EMA the "
+                                       f"run logs no val_ema/* metric); choose one of {'|'.join(EVAL_METRICS)}")
+    if metric not in EVAL_METRICS + EMA_METRICS:
+        hint = difflib.get_close_matches(metric, EVAL_METRICS + EMA_METRICS, n=1, cutoff=0.5)
+        fail("CHECKPOINT.BEST_METRIC", f"CHECKPOINT.BEST_METRIC must be a metric the run logs at evaluation: "
+                                       f"{'|'.join(EVAL_METRICS + EMA_METRICS)} (val_ema/* with TRAIN.EMA), got "
+                                       f"{metric!r}", f"; did you mean {hint[0]}?" if hint else "")
+    t = cfg.TRAIN
+    if t.EARLY_STOP_MIN_DELTA > 0 and not t.EARLY_STOP_PATIENCE:
+        fail("TRAIN.EARLY_STOP_MIN_DELTA", f"TRAIN.EARLY_STOP_MIN_DELTA ({t.EARLY_STOP_MIN_DELTA:g}) needs "
+                                           "TRAIN.EARLY_STOP_PATIENCE > 0 (early stopping is off at 0)")
 
 
 def parse_time_limit(text: str) -> float | None:

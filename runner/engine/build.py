@@ -31,6 +31,7 @@ from runner.data import build_data
 from runner.data.loaders import epoch_seed
 from runner.distill import distillation_loss
 from runner.distributed import Dist
+from runner.engine.best import Best, EarlyStopping
 from runner.engine.claim import AlreadyDone, claim_output_dir, resume, write_run_files
 from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Checkpointer, Hook, MetricLogger, Profiler
@@ -188,13 +189,12 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
               f"{cfg.TRAIN.EPOCHS} epochs x {trainer.steps_per_epoch} steps, batch {cfg.DATA.BATCH_SIZE} per process")
     metrics = MetricLogger(cfg.LOG.PERIOD, dist, banner=banner, open_writer=lambda step: (
         MetricWriter(str(out), cfg, step, main, trainer.total_steps, status.hparams, t_start=trainer.t_start)))
-    evaluator = Evaluator(trainer.data.val, cfg.EVAL.PERIOD, dist, metrics, trainer.stepper.autocast,
-                          compile_fn=compiler(cfg) if cfg.MODEL.COMPILE else None)
+    evaluator = build_evaluator(cfg, trainer, dist, metrics)
     from runner.config import dump_config
 
     stored = {"config": dump_config(cfg), "class_names": list(trainer.data.class_names)}
     checkpointer = Checkpointer(out, cfg.CHECKPOINT.PERIOD, cfg.CHECKPOINT.KEEP, dist, stored, evaluator.take_best,
-                                metrics, control)
+                                metrics, control, unsaved_eval=lambda: evaluator.unsaved)
     flag = StopFlag(control)
     preemption = Preemption(flag, checkpointer, profiler, cfg.PROFILE.ONLY)
     status.evaluator, status.metrics = evaluator, metrics
@@ -206,6 +206,16 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
     pause = Pause(pause_after_epoch) if pause_after_epoch else None  # last: after the status of the epoch
     hooks = [profiler, metrics, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, status, pause]
     return [hook for hook in hooks if hook is not None]
+
+
+def build_evaluator(cfg, trainer: Trainer, dist: Dist, metrics: MetricLogger | None = None) -> Evaluator:
+    """The val split's evaluator: EVAL.PERIOD (epochs) and PERIOD_STEPS, the best by CHECKPOINT.BEST_METRIC and
+    BEST_MODE, early stopping by TRAIN.EARLY_STOP_*."""
+    metric, mode = cfg.CHECKPOINT.BEST_METRIC, cfg.CHECKPOINT.BEST_MODE
+    early = EarlyStopping(metric, mode, cfg.TRAIN.EARLY_STOP_PATIENCE, cfg.TRAIN.EARLY_STOP_MIN_DELTA)
+    return Evaluator(trainer.data.val, cfg.EVAL.PERIOD, dist, metrics, trainer.stepper.autocast,
+                     compile_fn=compiler(cfg) if cfg.MODEL.COMPILE else None, period_steps=cfg.EVAL.PERIOD_STEPS,
+                     best=Best(metric, mode), early=early)
 
 
 def _time_limit(cfg, flag: StopFlag, dist: Dist) -> tuple[Stamp | None, TimeLimit | None]:

@@ -11,12 +11,10 @@ import torch.nn.functional as F
 
 from runner import distributed
 from runner.distributed import Dist
-from runner.engine.hooks import Hook, MetricLogger
+from runner.engine.best import Best, EarlyStopping
+from runner.engine.hooks import Hook, MetricLogger, epoch_of_last_step
 
 log = logging.getLogger("runner")
-
-NO_BEST = {"val/top1": -1.0, "val/top5": -1.0, "epoch": -1}  # before any evaluation
-
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: torch.device, autocast=nullcontext,
@@ -49,28 +47,59 @@ def evaluate(model: nn.Module, loader, device: torch.device, autocast=nullcontex
 
 
 class Evaluator(Hook):
-    """The val split at every EVAL.PERIOD-th epoch's end and at the run's end (the model and its EMA); the best."""
+    """The val split at every EVAL.PERIOD-th epoch's end, every EVAL.PERIOD_STEPS steps and at the run's end (the
+    model and its EMA); the best by CHECKPOINT.BEST_METRIC, and early stopping on it."""
 
     def __init__(self, loader, period: int, dist: Dist, metrics: MetricLogger | None = None,
-                 autocast=nullcontext, compile_fn: Callable[[nn.Module], nn.Module] | None = None):
-        """`compile_fn` wraps each evaluated module once (torch.compile under MODEL.COMPILE)."""
+                 autocast=nullcontext, compile_fn: Callable[[nn.Module], nn.Module] | None = None, *,
+                 period_steps: int = 0, best: Best | None = None, early: EarlyStopping | None = None):
+        """`compile_fn` wraps each evaluated module once (torch.compile under MODEL.COMPILE); `best` and `early`:
+        by val/top1 (max), and no early stopping, unless given."""
         self.loader, self.period, self.dist, self.metrics, self.autocast = loader, period, dist, metrics, autocast
+        self.period_steps = period_steps
         self.compile_fn = compile_fn
         self.compiled: dict[int, nn.Module] = {}
-        self.best = dict(NO_BEST)
+        self.best = best if best is not None else Best("val/top1", "max")
+        self.early = early if early is not None else EarlyStopping(self.best.metric, self.best.mode, 0, 0.0)
         self.last_val: dict[str, float] = {}
+        self.evaluated_step = -1  # the step of the latest evaluation: never twice at one step
         self.is_best = False  # set by an evaluation, taken by the checkpoint that follows it
+        self.unsaved = False  # an evaluation no checkpoint holds yet: the Checkpointer saves right after it
         self.progress: Callable[..., None] | None = None  # told when a pass starts, after each batch, at its end
 
-    def after_epoch(self, trainer) -> None:
-        """Evaluate when due: every EVAL.PERIOD-th whole epoch, and at the end."""
-        whole = trainer.batch_in_epoch == 0
-        if trainer.at_end or (whole and trainer.epoch % self.period == 0):
-            self.validate(trainer)
+    def after_step(self, trainer) -> None:
+        """Every EVAL.PERIOD_STEPS optimizer steps of the run; one that ends an epoch (or the run) is left to
+        after_epoch, which evaluates then anyway."""
+        if not self.period_steps or trainer.step % self.period_steps or trainer.end_of_epoch or trainer.at_end:
+            return
+        self.validate(trainer, epoch_of_last_step(trainer))
 
-    def validate(self, trainer) -> None:
-        """Evaluate the model (and its EMA) on the whole val split and log the result."""
-        stepper = trainer.stepper
+    def after_epoch(self, trainer) -> None:
+        """Evaluate when due: every EVAL.PERIOD-th whole epoch, at a step EVAL.PERIOD_STEPS names, and at the end."""
+        if self.evaluated_step == trainer.step:  # a step evaluation that ended the run (early stopping)
+            return
+        whole = trainer.batch_in_epoch == 0
+        on_step = bool(self.period_steps) and trainer.step % self.period_steps == 0
+        if trainer.at_end or (whole and (trainer.epoch % self.period == 0 or on_step)):
+            self.validate(trainer, trainer.epoch)
+
+    def validate(self, trainer, epoch: int | None = None) -> None:
+        """Evaluate the model (and its EMA) on the whole val split, log the result under `epoch` (default: the
+        epochs done), judge it for best.pth and early stopping."""
+        epoch = trainer.epoch if epoch is None else epoch
+        scalars = self._measure(trainer.stepper)
+        self.last_val, self.evaluated_step, self.unsaved = scalars, trainer.step, True
+        self.is_best = self.best.update(scalars, trainer.step, epoch)
+        if self.metrics is not None:
+            self.metrics.write(trainer.step, epoch, scalars)
+        log.info("eval epoch %d step %d: val/top1 %.2f val/top5 %.2f (%d images)%s", epoch, trainer.step,
+                 scalars["val/top1"], scalars["val/top5"], scalars["val/count"], " best" if self.is_best else "")
+        if self.early.update(scalars[self.early.metric], trainer.step, epoch) and not trainer.at_end:
+            log.info("early stop at step %d: %s", trainer.step, self.early.stop(trainer.step, epoch))
+            trainer.end_early()
+
+    def _measure(self, stepper) -> dict[str, float]:
+        """The val scalars of the model and, with one, its EMA."""
         modules = [stepper.bare] + ([stepper.ema.module] if stepper.ema is not None else [])
         if self.progress is not None:
             self.progress()
@@ -82,14 +111,7 @@ class Evaluator(Hook):
             ema = evaluate(self._runnable(stepper.ema.module), self.loader, self.dist.device, self.autocast,
                            self.progress)
             scalars.update({"val_ema/top1": ema["top1"], "val_ema/top5": ema["top5"]})
-        self.last_val = scalars
-        self.is_best = res["top1"] > self.best["val/top1"]
-        if self.is_best:
-            self.best = {"val/top1": res["top1"], "val/top5": res["top5"], "epoch": trainer.epoch}
-        if self.metrics is not None:
-            self.metrics.write(trainer.step, trainer.epoch, scalars)
-        log.info("eval epoch %d step %d: val/top1 %.2f val/top5 %.2f (%d images)%s", trainer.epoch, trainer.step,
-                 res["top1"], res["top5"], res["count"], " best" if self.is_best else "")
+        return scalars
 
     def _runnable(self, module: nn.Module) -> nn.Module:
         """The module as evaluation runs it: compiled once (sharing its weights), or itself."""
@@ -112,14 +134,22 @@ class Evaluator(Hook):
                 torch.distributed.broadcast(buf, src=0)
 
     def take_best(self) -> bool:
-        """True once after an evaluation that beat the best so far."""
-        best, self.is_best = self.is_best, False
+        """True once after an evaluation that beat the best so far; called by every save (which then holds the
+        evaluation's result)."""
+        best, self.is_best, self.unsaved = self.is_best, False, False
         return best
 
+    def results(self) -> dict:
+        """results.json's part: best/* (by BEST_METRIC) and early_stop (None unless it ended the run)."""
+        return {**self.best.results(), "early_stop": self.early.stopped}
+
     def state_dict(self) -> dict:
-        """The best and the latest evaluation."""
-        return {"best": dict(self.best), "last_val": dict(self.last_val)}
+        """The best, the early stopping count and the latest evaluation."""
+        return {"best": self.best.state_dict(), "early_stop": self.early.state_dict(),
+                "last_val": dict(self.last_val), "evaluated_step": self.evaluated_step}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from the checkpoint's best and latest evaluation."""
-        self.best, self.last_val = state.get("best", self.best), state.get("last_val", {})
+        """Continue from the checkpoint's best, early stopping count and latest evaluation."""
+        self.best.load_state_dict(state.get("best", {}))
+        self.early.load_state_dict(state.get("early_stop", {}))
+        self.last_val, self.evaluated_step = state.get("last_val", {}), state.get("evaluated_step", -1)

@@ -200,22 +200,29 @@ class MetricLogger(Hook):
 
 
 class Checkpointer(Hook):
-    """Atomic checkpoints every CHECKPOINT.PERIOD steps within an epoch, at each epoch's end and at the end."""
+    """Atomic checkpoints every CHECKPOINT.PERIOD steps within an epoch, after each evaluation, at each epoch's end
+    and at the end."""
 
     state_key = "checkpointer"  # its part (every rank's RNG state) is added by save
 
     def __init__(self, out: Path, period: int, keep: int, dist: Dist, stored: dict | None = None,
-                 take_best: Callable[[], bool] | None = None, metrics: MetricLogger | None = None, group=None):
+                 take_best: Callable[[], bool] | None = None, metrics: MetricLogger | None = None, group=None,
+                 unsaved_eval: Callable[[], bool] | None = None):
         """`stored`: entries saved as they are (the config's text, the class names); `take_best()`: True when
         the evaluation since the last save was the best so far (the file is then best.pth too); `group`: the
-        run's CPU control group, over which rank 0 gathers every rank's RNG state."""
+        run's CPU control group, over which rank 0 gathers every rank's RNG state; `unsaved_eval()`: True after an
+        evaluation within an epoch (EVAL.PERIOD_STEPS) that no checkpoint holds yet."""
         self.out, self.period, self.keep, self.dist, self.group = Path(out), period, keep, dist, group
         self.stored = dict(stored or {})
-        self.take_best, self.metrics = take_best, metrics
+        self.take_best, self.metrics, self.unsaved_eval = take_best, metrics, unsaved_eval
 
     def after_step(self, trainer) -> None:
-        """Every CHECKPOINT.PERIOD steps, unless an epoch's end (saved anyway) comes with this step."""
-        if self.period and trainer.step % self.period == 0 and not trainer.at_end and not trainer.end_of_epoch:
+        """Every CHECKPOINT.PERIOD steps and right after an evaluation within an epoch (so that best.pth holds the
+        evaluated weights and a resume neither repeats nor skips the evaluation), unless an epoch's end (saved
+        anyway) comes with this step."""
+        due = self.period and trainer.step % self.period == 0
+        due = due or (self.unsaved_eval is not None and self.unsaved_eval())
+        if due and not trainer.at_end and not trainer.end_of_epoch:
             self.save(trainer)
 
     def after_epoch(self, trainer) -> None:

@@ -39,6 +39,7 @@ class Trainer:
         # False from an optimizer step until the epoch end (or the stop inside an epoch) that follows it: a job
         # stopped right after a run's last step still owes its evaluation and checkpoint, and the next one pays it
         self.closed = True
+        self.ended_early = False  # a hook ended the run before its length (early stopping): see end_early
 
     @property
     def step(self) -> int:
@@ -98,7 +99,7 @@ class Trainer:
     def run_until(self, last_step: int) -> None:
         """Optimizer steps up to `last_step`, epoch after epoch; the epoch in progress stays open for more."""
         self.stepper.model.train()
-        while self.step < last_step:
+        while self.step < last_step and not self.ended_early:
             if self._batches is None:
                 if self.end_of_epoch:  # stopped after an epoch's last step, before its end: end it now
                     self._end_epoch()
@@ -114,6 +115,11 @@ class Trainer:
                 self._call("after_step")
                 if self.end_of_epoch:
                     self._end_epoch()
+
+    def end_early(self) -> None:
+        """End the run at the current step (early stopping): from here it is complete, as if its length ended here;
+        the checkpoints that follow say so, and a resume from one of them only finishes."""
+        self.total_steps, self.ended_early = self.step, True
 
     def _begin_epoch(self) -> None:
         """The loader at the current epoch and position; the epoch's hooks."""
@@ -136,7 +142,7 @@ class Trainer:
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: the position, the step's state and every hook's part."""
         state = {**self.stepper.state_dict(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                 "step": self.step, "epoch_closed": self.closed}
+                 "step": self.step, "epoch_closed": self.closed, "ended_early": self.ended_early}
         if self.samples_per_batch:  # the layout-free position: a resume on another number of processes uses it
             state["samples_in_epoch"] = self.batch_in_epoch * self.samples_per_batch
             state["global_batch"] = self.samples_per_batch * self.stepper.accum
@@ -148,6 +154,8 @@ class Trainer:
         self.stepper.load_state_dict(state)
         self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
         self.closed = state.get("epoch_closed", True)  # older checkpoints: as before
+        if state.get("ended_early"):
+            self.end_early()
         if self.samples_per_batch and "samples_in_epoch" in state:
             self.batch_in_epoch = state["samples_in_epoch"] // self.samples_per_batch
         parts = state.get("hooks")

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from runner.distributed import Dist
-from runner.engine.evaluation import NO_BEST, Evaluator
+from runner.engine.best import Best
+from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Hook, MetricLogger, StopRun
 from runner.errors import DataUnavailable, NonFiniteLoss, Preempted, UserError, one_line
 from runner.rundir import marker
@@ -86,22 +87,25 @@ class RunStatus(Hook):
                 writer.hparams(self.hparams, metrics)
             marker.write_results(self.out, results)
             self.write(marker.DONE, trainer.step)
-        best = self.evaluator.best if self.evaluator is not None else NO_BEST
-        log.info("done: val/top1 %s val/top5 %s (best %.2f at epoch %d), %d steps, %.1fs; OUTPUT_DIR %s",
-                 _fmt(results["val/top1"]), _fmt(results["val/top5"]), best["val/top1"], best["epoch"],
-                 trainer.step, results["wall_s"], self.out.resolve())
+        log.info("done: val/top1 %s val/top5 %s (best %s %s at step %s, epoch %s), %d steps, %.1fs; OUTPUT_DIR %s",
+                 _fmt(results["val/top1"]), _fmt(results["val/top5"]), results["best/metric"],
+                 _fmt(results["best/value"]), results["best/step"], results["best/epoch"], trainer.step,
+                 results["wall_s"], self.out.resolve())
         trainer.results = results
 
     def results(self, trainer) -> dict:
         """What results.json holds: final and best val metrics, length, wall time, throughput, memory."""
         last = self.evaluator.last_val if self.evaluator is not None else {}
-        best = self.evaluator.best if self.evaluator is not None else NO_BEST
+        best = self.evaluator.results() if self.evaluator is not None else {**Best("val/top1", "max").results(),
+                                                                           "early_stop": None}
         imgs, secs = self.metrics.throughput if self.metrics is not None else (0, 0.0)
         results = {
             "status": marker.DONE,
-            "val/top1": last.get("val/top1"), "val/top5": last.get("val/top5"),
-            # best/*: the evaluation with the highest top-1; its top-5 (not the highest top-5) and its epoch
-            "best/val/top1": best["val/top1"], "best/val/top5": best["val/top5"], "best/epoch": best["epoch"],
+            "val/top1": last.get("val/top1"), "val/top5": last.get("val/top5"), "val/loss": last.get("val/loss"),
+            # best/*: every metric of the best evaluation by CHECKPOINT.BEST_METRIC (best/metric, best/mode), the one
+            # best.pth holds: best/val/top5 is the top-5 of that evaluation, not the highest top-5; early_stop: why
+            # and where the run stopped early (None: it ran its full length)
+            **best,
             "epoch": trainer.epoch, "step": trainer.step, "epochs": self.epochs, "max_steps": self.max_steps,
             "wall_s": round(self.wall_s(), 3),
             "train/img_per_s": imgs / secs if secs else None,
