@@ -237,8 +237,9 @@ def test_trackers_off_import_neither_library(tmp_path):
                        env=env(), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"
-    later = subprocess.run([sys.executable, "-c", "from runner.startup import prepare; prepare(); import timm, wandb; print(wandb.__version__)"],
-                           capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
+    asked = "from runner.startup import prepare; prepare(); import timm, wandb; print(wandb.__version__)"
+    later = subprocess.run([sys.executable, "-c", asked], capture_output=True, text=True, cwd=ROOT, env=env(),
+                           timeout=300)
     assert later.returncode == 0 and later.stdout.strip(), later.stderr[-3000:]  # importable when asked for
     assert (tmp_path / "run" / "results.json").exists() and not (tmp_path / "run" / "trackers.json").exists()
 
