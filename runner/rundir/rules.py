@@ -147,6 +147,9 @@ def finished_run(cfg) -> tuple[dict, str] | None:
         return None
     if (out / CONFIG).exists():
         refuse_changed(cfg, (out / CONFIG).read_text(), f"of the finished run in {out}")
+    stop = results.get("early_stop")
+    if isinstance(stop, dict):  # early stopping ended it: done, whatever length is asked (TRAIN.EXTEND included)
+        return results, f"it stopped early at step {stop.get('step')}: {stop.get('reason')}"
     epochs, step = results.get("epoch", 0), results.get("step", 0)
     if cfg.TRAIN.EPOCHS <= epochs:
         same = cfg.TRAIN.EPOCHS == results.get("epochs")
