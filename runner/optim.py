@@ -6,6 +6,7 @@ the schedule would do without loading torch.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,8 @@ from runner.errors import UserError
 if TYPE_CHECKING:
     import torch
     import torch.nn as nn
+
+log = logging.getLogger("runner")
 
 _FUSED = {"sgd", "momentum", "adam", "adamw"}  # timm maps these onto torch.optim classes with fused kernels
 
@@ -106,19 +109,40 @@ class ConstantLR:
 class Schedule:
     """A TRAIN.SCHEDULER value: `build(cfg, optimizer, steps_per_epoch)` returns the per-step schedule (timm's
     interface: step_update(num_updates), state_dict, load_state_dict); `length_shaped`: its shape follows
-    TRAIN.EPOCHS, so a longer run re-derives it (what a resume or an extension then says)."""
+    TRAIN.EPOCHS, so a longer run re-derives it (what a resume or an extension then says); `reads`: the
+    SCHEDULE_KEYS it reads (None: unknown, nothing is warned about); `check(cfg)`: (key, message) of a mistake."""
 
     build: Callable[[Any, Any, int], Any]
     length_shaped: bool = False
+    reads: tuple[str, ...] | None = None
+    check: Callable[[Any], tuple[str, str] | None] | None = None
 
 
 SCHEDULES: dict[str, Schedule] = {}  # TRAIN.SCHEDULER's values (config/schema.py checks against this table)
 
+# The TRAIN keys the schedules below read. One the chosen schedule does not read, set away from its default, is
+# warned about once (timm's train.py ignores it silently; a refusal would break a sweep over TRAIN.SCHEDULER)
+SCHEDULE_KEYS = ("WARMUP_EPOCHS", "WARMUP_LR", "MIN_LR", "DECAY_EPOCHS", "DECAY_RATE", "DECAY_MILESTONES",
+                 "POLY_POWER", "K_DECAY", "CYCLE_LIMIT", "CYCLE_MUL", "CYCLE_DECAY", "COOLDOWN_EPOCHS",
+                 "PLATEAU_PATIENCE", "PLATEAU_COOLDOWN")
+_WARMUP = ("WARMUP_EPOCHS", "WARMUP_LR")
+_CYCLES = ("MIN_LR", "CYCLE_LIMIT", "CYCLE_MUL", "CYCLE_DECAY", "COOLDOWN_EPOCHS")
 
-def register_schedule(name: str, build: Callable[[Any, Any, int], Any], length_shaped: bool = False) -> Schedule:
+
+def register_schedule(name: str, build: Callable[[Any, Any, int], Any], length_shaped: bool = False,
+                      reads: tuple[str, ...] | None = None,
+                      check: Callable[[Any], tuple[str, str] | None] | None = None) -> Schedule:
     """Add an LR schedule under `name`: the one line a new schedule needs (its module defines `build`)."""
-    SCHEDULES[name] = Schedule(build, length_shaped)
+    SCHEDULES[name] = Schedule(build, length_shaped, reads, check)
     return SCHEDULES[name]
+
+
+def cycle_epochs(train) -> float:
+    """The first cycle's length in epochs: CYCLE_LIMIT cycles (each CYCLE_MUL times the one before), then
+    COOLDOWN_EPOCHS at MIN_LR, fill TRAIN.EPOCHS."""
+    n, mul = train.CYCLE_LIMIT, train.CYCLE_MUL
+    cycles = n if mul == 1 else (mul**n - 1) / (mul - 1)
+    return (train.EPOCHS - train.COOLDOWN_EPOCHS) / cycles
 
 
 def timm_schedule(name: str) -> Callable[[Any, Any, int], Any]:
@@ -128,24 +152,149 @@ def timm_schedule(name: str) -> Callable[[Any, Any, int], Any]:
         """timm's scheduler from cfg.TRAIN."""
         from timm.scheduler import create_scheduler_v2
 
+        t = cfg.TRAIN
+        # TRAIN.EPOCHS is the whole run: timm's train.py trains its cycles and cooldown after --epochs instead
         sched, _ = create_scheduler_v2(
-            optimizer, sched=name, num_epochs=cfg.TRAIN.EPOCHS, decay_epochs=cfg.TRAIN.DECAY_EPOCHS,
-            decay_rate=cfg.TRAIN.DECAY_RATE, min_lr=cfg.TRAIN.MIN_LR, warmup_lr=cfg.TRAIN.WARMUP_LR,
-            warmup_epochs=cfg.TRAIN.WARMUP_EPOCHS, step_on_epochs=False, updates_per_epoch=steps_per_epoch)
+            optimizer, sched=name, num_epochs=cycle_epochs(t), decay_epochs=t.DECAY_EPOCHS,
+            decay_rate=t.POLY_POWER if name == "poly" else t.DECAY_RATE,  # timm's poly reads its power there
+            min_lr=t.MIN_LR, warmup_lr=t.WARMUP_LR, warmup_epochs=t.WARMUP_EPOCHS, cycle_mul=t.CYCLE_MUL,
+            cycle_decay=t.CYCLE_DECAY, cycle_limit=t.CYCLE_LIMIT, k_decay=t.K_DECAY, step_on_epochs=False,
+            updates_per_epoch=steps_per_epoch)
         return sched
 
     return build
 
 
-# timm derives cosine's shape from num_epochs; step's decay points and the constant LR only shift with the length
-register_schedule("cosine", timm_schedule("cosine"), length_shaped=True)
-register_schedule("step", timm_schedule("step"))
-register_schedule("none", lambda cfg, optimizer, steps_per_epoch: ConstantLR(optimizer))
+def multistep(cfg, optimizer, steps_per_epoch: int):
+    """timm's MultiStepLRScheduler: the LR times DECAY_RATE after each of DECAY_MILESTONES epochs."""
+    from timm.scheduler import MultiStepLRScheduler
+
+    t = cfg.TRAIN
+    # timm applies milestone m at index m - 1 (kept for its old per-epoch runs); one step on, the LR drops after m
+    # whole epochs, as 'step' with DECAY_EPOCHS m and torch's MultiStepLR do
+    milestones = [round(m * steps_per_epoch) + 1 for m in t.DECAY_MILESTONES]
+    return MultiStepLRScheduler(optimizer, decay_t=milestones, decay_rate=t.DECAY_RATE,
+                                warmup_t=t.WARMUP_EPOCHS * steps_per_epoch, warmup_lr_init=t.WARMUP_LR,
+                                warmup_prefix=False, t_in_epochs=False)
+
+
+def check_cycles(cfg) -> tuple[str, str] | None:
+    """Warmup and cooldown leave room for the cycles."""
+    t = cfg.TRAIN
+    if t.COOLDOWN_EPOCHS and t.WARMUP_EPOCHS + t.COOLDOWN_EPOCHS >= t.EPOCHS:
+        return "TRAIN.COOLDOWN_EPOCHS", (f"TRAIN.WARMUP_EPOCHS ({t.WARMUP_EPOCHS}) + TRAIN.COOLDOWN_EPOCHS "
+                                         f"({t.COOLDOWN_EPOCHS}) must be less than TRAIN.EPOCHS ({t.EPOCHS})")
+    return None
+
+
+def check_plateau(cfg) -> tuple[str, str] | None:
+    """A plateau must lower the LR."""
+    if cfg.TRAIN.DECAY_RATE >= 1:
+        return "TRAIN.DECAY_RATE", (f"TRAIN.SCHEDULER plateau needs TRAIN.DECAY_RATE < 1 (the factor applied at a "
+                                    f"plateau), got {cfg.TRAIN.DECAY_RATE}")
+    return None
+
+
+class PlateauLR:
+    """'plateau': linear warmup per step, then the LR times DECAY_RATE (down to MIN_LR) whenever more than
+    PLATEAU_PATIENCE evaluations in a row have not improved the best metric: torch's ReduceLROnPlateau, as timm's
+    PlateauLRScheduler wraps it, but with all its counters saved (timm's keeps only the best and warns that a
+    resumed run starts its patience afresh)."""
+
+    saves_state = True  # TrainStep restores it from a checkpoint: it is not a function of the step
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, warmup_steps: float = 0, warmup_lr: float = 0.0,
+                 metric: str = "val/top1", mode: str = "max", **plateau: Any) -> None:
+        """`plateau`: ReduceLROnPlateau's factor, patience, cooldown, min_lr."""
+        from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+        self.optimizer, self.metric = optimizer, metric
+        self.base = [group["lr"] for group in optimizer.param_groups]
+        self.warmup_steps, self.warmup_lr = warmup_steps, warmup_lr
+        self.plateau = ReduceLROnPlateau(optimizer, mode=mode, **plateau)
+        self.started = False  # the warmup has ended and the base LR was set; from then on the plateau owns the LR
+        self.updates, self.missing_warned = 0, False
+        self.step_update(0)
+
+    def step_update(self, num_updates: int) -> None:
+        """The warmup's LR; at its end the base LR, once."""
+        self.updates = num_updates
+        if num_updates < self.warmup_steps:
+            self._set([self.warmup_lr + num_updates * (b - self.warmup_lr) / self.warmup_steps for b in self.base])
+        elif not self.started:
+            self._set(self.base)
+            self.started = True
+
+    def observe(self, scalars: dict[str, float]) -> None:
+        """One evaluation's scalars: the plateau logic steps on its metric (evaluations in warmup do not count,
+        as in timm's)."""
+        if self.metric not in scalars:
+            if not self.missing_warned:
+                log.warning("TRAIN.SCHEDULER plateau: the evaluation has no %s; the LR stays", self.metric)
+            self.missing_warned = True
+            return
+        if self.started:
+            self.plateau.step(scalars[self.metric])
+
+    def _set(self, values: list[float]) -> None:
+        """Each group's LR, times its layer-decay scale (as timm's schedulers do)."""
+        for group, value in zip(self.optimizer.param_groups, values, strict=True):
+            group["lr"] = value * group.get("lr_scale", 1.0)
+
+    def state_dict(self) -> dict:
+        """The plateau's counters (best, bad evaluations, cooldown) and whether the warmup has ended."""
+        keys = ("best", "num_bad_epochs", "cooldown_counter", "last_epoch", "_last_lr")
+        return {"started": self.started, "plateau": {k: getattr(self.plateau, k) for k in keys}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint's counters (the knobs stay the config's; the LR is the optimizer's)."""
+        self.started = state["started"]
+        for key, value in state["plateau"].items():
+            setattr(self.plateau, key, value)
+
+
+def plateau(cfg, optimizer, steps_per_epoch: int) -> PlateauLR:
+    """The plateau schedule on the best metric (CHECKPOINT.BEST_METRIC / BEST_MODE where the config has them)."""
+    t, ckpt = cfg.TRAIN, cfg.CHECKPOINT
+    metric, mode = ckpt.get("BEST_METRIC", "val/top1"), ckpt.get("BEST_MODE", "auto")
+    if mode == "auto":  # as the best's (runner.engine.best): min for a loss, max otherwise (timm's train.py)
+        mode = "min" if metric.rsplit("/", 1)[-1] == "loss" else "max"
+    return PlateauLR(optimizer, warmup_steps=t.WARMUP_EPOCHS * steps_per_epoch, warmup_lr=t.WARMUP_LR,
+                     metric=metric, mode=mode,
+                     factor=t.DECAY_RATE, patience=t.PLATEAU_PATIENCE, cooldown=t.PLATEAU_COOLDOWN, min_lr=t.MIN_LR)
+
+
+# cosine, tanh and poly derive their shape from TRAIN.EPOCHS (their cycles and cooldown fill it); step's and
+# multistep's decay points, plateau's evaluations and the constant LR do not move with the length
+register_schedule("cosine", timm_schedule("cosine"), length_shaped=True, reads=_WARMUP + _CYCLES + ("K_DECAY",),
+                  check=check_cycles)
+register_schedule("tanh", timm_schedule("tanh"), length_shaped=True, reads=_WARMUP + _CYCLES, check=check_cycles)
+register_schedule("poly", timm_schedule("poly"), length_shaped=True,
+                  reads=_WARMUP + _CYCLES + ("POLY_POWER", "K_DECAY"), check=check_cycles)
+register_schedule("step", timm_schedule("step"), reads=_WARMUP + ("DECAY_EPOCHS", "DECAY_RATE"))
+register_schedule("multistep", multistep, reads=_WARMUP + ("DECAY_MILESTONES", "DECAY_RATE"))
+register_schedule("plateau", plateau, reads=_WARMUP + ("MIN_LR", "DECAY_RATE", "PLATEAU_PATIENCE",
+                                                       "PLATEAU_COOLDOWN"), check=check_plateau)
+register_schedule("constant", timm_schedule("constant"), reads=_WARMUP)
+register_schedule("none", lambda cfg, optimizer, steps_per_epoch: ConstantLR(optimizer), reads=())
 
 
 def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
     """The per-step LR schedule TRAIN.SCHEDULER names."""
+    warn_ignored_keys(cfg)
     return SCHEDULES[cfg.TRAIN.SCHEDULER].build(cfg, optimizer, steps_per_epoch)
+
+
+def warn_ignored_keys(cfg) -> None:
+    """One warning naming the SCHEDULE_KEYS set away from their defaults that TRAIN.SCHEDULER does not read."""
+    from runner.config.defaults import _C
+
+    reads = SCHEDULES[cfg.TRAIN.SCHEDULER].reads
+    ignored = [f"TRAIN.{key} {cfg.TRAIN[key]}" for key in SCHEDULE_KEYS
+               if reads is not None and key not in reads and cfg.TRAIN[key] != _C.TRAIN[key]]
+    if ignored:
+        log.warning("TRAIN.SCHEDULER %s ignores %s (python tools/train.py --help-keys TRAIN says which schedule "
+                    "reads what)", cfg.TRAIN.SCHEDULER, ", ".join(ignored))
 
 
 def reshaped_by_length(cfg, old_epochs) -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import math
+import re
 
 import pytest
 import timm
@@ -12,7 +14,7 @@ import torch
 
 from runner.config import ENUMS, OPTIMIZERS, UNSUPPORTED_OPTIMIZERS, get_default_config, validate
 from runner.errors import UserError
-from runner.optim import build_optimizer, build_scheduler
+from runner.optim import SCHEDULE_KEYS, SCHEDULES, build_optimizer, build_scheduler, reshaped_by_length
 from tests.utils import TINY, assert_user_error, run_tool
 
 CPU = torch.device("cpu")
@@ -82,32 +84,260 @@ def test_kron_without_opt_einsum_is_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Schedulers: 2 epochs of 5 steps, warmup over the first 2 steps
+# Schedulers: 5 steps per epoch, real timm schedulers on a tiny model
 # ---------------------------------------------------------------------------------------------------------
-def lrs(scheduler_name: str) -> list[float]:
-    """The LR after step_update(0..10) for a 2-epoch, 5-steps-per-epoch schedule."""
-    cfg = config(SCHEDULER=scheduler_name, EPOCHS=2, LR=0.1, WARMUP_EPOCHS=0.4, WARMUP_LR=0.01, MIN_LR=0.001,
-                 DECAY_EPOCHS=1.0, DECAY_RATE=0.5)
-    optimizer = build_optimizer(cfg, tiny_model(), CPU)
-    scheduler = build_scheduler(cfg, optimizer, steps_per_epoch=5)
+ALL_SCHEDULES = {"cosine", "tanh", "poly", "step", "multistep", "plateau", "constant", "none"}
+SPE = 5  # steps per epoch
+STALLED = {"val/top1": 50.0}  # an evaluation that never improves on the first
+
+
+def schedule(name: str, model: torch.nn.Module | None = None, **train):
+    """(optimizer, scheduler) for schedule `name` with TRAIN keys set, 5 steps per epoch."""
+    cfg = config(SCHEDULER=name, **train)
+    optimizer = build_optimizer(cfg, model if model is not None else torch.nn.Linear(4, 3), CPU)
+    return optimizer, build_scheduler(cfg, optimizer, steps_per_epoch=SPE)
+
+
+def lr_path(optimizer, scheduler, steps: int, evals=None) -> list[float]:
+    """The LR after step_update(0..steps); `evals(step)`: an evaluation's scalars after that step, or None."""
     out = []
-    for step in range(11):
+    for step in range(steps + 1):
         scheduler.step_update(step)
+        scalars = evals(step) if evals is not None else None
+        if scalars is not None:
+            scheduler.observe(scalars)
         out.append(optimizer.param_groups[0]["lr"])
     return out
 
 
+def lrs(name: str, **train) -> list[float]:
+    """The LR after step_update(0..10) for a 2-epoch schedule with a 2-step warmup (plateau: evaluated each
+    epoch, never improving)."""
+    knobs = dict(EPOCHS=2, LR=0.1, WARMUP_EPOCHS=0.4, WARMUP_LR=0.01, MIN_LR=0.001, DECAY_EPOCHS=1.0,
+                 DECAY_RATE=0.5, DECAY_MILESTONES=(1.0,), PLATEAU_PATIENCE=0)
+    optimizer, scheduler = schedule(name, **{**knobs, **train})
+    evals = (lambda step: STALLED if step % SPE == 0 else None) if name == "plateau" else None
+    return lr_path(optimizer, scheduler, 10, evals)
+
+
 def test_every_scheduler_gives_finite_lrs_as_configured():
-    assert set(ENUMS["TRAIN.SCHEDULER"]) == {"cosine", "step", "none"}  # a new name needs a case here
-    cosine, step, none = lrs("cosine"), lrs("step"), lrs("none")
-    for seq in (cosine, step, none):
-        assert all(math.isfinite(v) and v > 0 for v in seq), seq
-    assert none == [0.1] * 11
-    for seq in (cosine, step):
-        assert seq[0] == pytest.approx(0.01) and seq[1] == pytest.approx(0.055)  # linear warmup from WARMUP_LR
-    assert cosine[2] < 0.1 and all(a >= b for a, b in itertools.pairwise(cosine[2:]))  # decays monotonically
-    assert cosine[-1] == pytest.approx(0.001, abs=1e-3)  # ends near MIN_LR
-    assert step[2:5] == pytest.approx([0.1] * 3) and step[5:10] == pytest.approx([0.05] * 5)
+    assert set(ENUMS["TRAIN.SCHEDULER"]) == ALL_SCHEDULES  # a new name needs a case here
+    seqs = {name: lrs(name) for name in ALL_SCHEDULES}
+    for name, seq in seqs.items():
+        assert all(math.isfinite(v) and v > 0 for v in seq), (name, seq)
+        if name != "none":  # linear warmup from WARMUP_LR over 2 steps (tanh's aims at its curve's value there)
+            assert seq[0] == pytest.approx(0.01) and seq[1] == pytest.approx(0.055, rel=1e-3), name
+    assert seqs["none"] == [0.1] * 11 and seqs["constant"][2:] == [pytest.approx(0.1)] * 9
+    for name in ("cosine", "tanh", "poly"):  # decay monotonically, end at MIN_LR
+        seq = seqs[name]
+        assert seq[2] <= 0.1 and all(a >= b for a, b in itertools.pairwise(seq[2:])), name
+        assert seq[-1] == pytest.approx(0.001, abs=1e-3), name
+    for name in ("step", "multistep"):  # DECAY_EPOCHS 1 / DECAY_MILESTONES [1]: halved after the first epoch
+        assert seqs[name][2:5] == pytest.approx([0.1] * 3) and seqs[name][5:10] == pytest.approx([0.05] * 5)
+    # plateau: evaluations at steps 0 (warmup: not counted), 5 (the first: best), 10 (no better: patience 0)
+    assert seqs["plateau"][2:10] == pytest.approx([0.1] * 8) and seqs["plateau"][10] == pytest.approx(0.05)
+
+
+def test_only_cosine_tanh_and_poly_follow_the_length():
+    shaped = {name for name in ALL_SCHEDULES if SCHEDULES[name].length_shaped}
+    assert shaped == {"cosine", "tanh", "poly"}
+    for name in ALL_SCHEDULES:
+        assert reshaped_by_length(config(SCHEDULER=name, EPOCHS=20), 10) == (name in shaped)
+
+
+def test_step_and_multistep_drop_at_their_epochs_by_the_rate():
+    _, path = None, lr_path(*schedule("step", EPOCHS=6, DECAY_EPOCHS=2.0, DECAY_RATE=0.5), 30)
+    assert path == pytest.approx([0.1 * 0.5 ** (s // 10) for s in range(31)])
+    path = lr_path(*schedule("multistep", EPOCHS=6, DECAY_MILESTONES=(1.0, 4.0), DECAY_RATE=0.1), 30)
+    # after 1 and after 4 whole epochs (steps 5 and 20), as step and torch's MultiStepLR count
+    assert path == pytest.approx([0.1] * 5 + [0.01] * 15 + [0.001] * 11)
+
+
+@pytest.mark.parametrize("power", [0.5, 1.0, 2.0])
+def test_poly_decays_with_its_power(power):
+    path = lr_path(*schedule("poly", EPOCHS=2, POLY_POWER=power), 10)
+    assert path == pytest.approx([0.1 * (1 - s / 10) ** power for s in range(11)])
+
+
+@pytest.mark.parametrize("name", ["cosine", "tanh", "poly"])
+def test_cycles_restart_with_their_decay_and_fill_the_run(name):
+    power = {"POLY_POWER": 2.0} if name == "poly" else {}  # poly's default 0.5 falls late, at each cycle's end
+    path = lr_path(*schedule(name, EPOCHS=4, CYCLE_LIMIT=2, CYCLE_DECAY=0.5, MIN_LR=0.001, **power), 20)
+    assert path[0] == pytest.approx(0.1) and path[10] == pytest.approx(0.05)  # 2 cycles of 2 epochs
+    assert path[9] < 0.02 and path[19] < 0.02 and path[20] == pytest.approx(0.001)
+    # CYCLE_MUL 2: 3 epochs as 1 + 2
+    path = lr_path(*schedule(name, EPOCHS=3, CYCLE_LIMIT=2, CYCLE_MUL=2.0, CYCLE_DECAY=0.5, MIN_LR=0.001, **power),
+                   15)
+    assert path[5] == pytest.approx(0.05) and path[4] < path[5] and path[14] < 0.01
+    assert path[15] == pytest.approx(0.001)
+
+
+@pytest.mark.parametrize("name", ["cosine", "tanh", "poly"])
+def test_cooldown_holds_min_lr_for_its_epochs(name):
+    path = lr_path(*schedule(name, EPOCHS=4, COOLDOWN_EPOCHS=1.0, MIN_LR=0.001), 20)
+    assert path[15:] == pytest.approx([0.001] * 6) and path[14] > 0.001  # the cycle ends after 3 epochs
+    assert path[0] == pytest.approx(0.1) and all(a >= b for a, b in itertools.pairwise(path))
+
+
+def test_k_decay_holds_the_lr_longer():
+    plain, k = (lr_path(*schedule("cosine", EPOCHS=2, K_DECAY=kd), 10) for kd in (1.0, 2.0))
+    assert all(b >= a for a, b in zip(plain[1:9], k[1:9], strict=True)) and k[5] > plain[5]
+
+
+def test_plateau_lowers_the_lr_after_patience_evaluations_without_improvement():
+    optimizer, sched = schedule("plateau", PLATEAU_PATIENCE=2, DECAY_RATE=0.5, MIN_LR=0.02)
+    seen = []
+    for value in (1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3):
+        sched.observe({"val/top1": float(value), "val/loss": 0.0})
+        seen.append(optimizer.param_groups[0]["lr"])
+    # best 1, best 2, two tolerated, the third lowers; best 3, three more lower again ... down to MIN_LR
+    assert seen == pytest.approx([0.1] * 4 + [0.05] * 4 + [0.025] * 3 + [0.02] * 3)
+
+
+def test_plateau_cooldown_and_a_loss_metric(monkeypatch):
+    optimizer, sched = schedule("plateau", PLATEAU_PATIENCE=0, PLATEAU_COOLDOWN=2, DECAY_RATE=0.5)
+    for _ in range(5):  # lowered, 2 evaluations of cooldown, lowered, cooldown
+        sched.observe(STALLED)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+    if "BEST_MODE" in get_default_config().CHECKPOINT:  # the best metric's direction: a loss is better lower
+        cfg = config(SCHEDULER="plateau", PLATEAU_PATIENCE=0)
+        cfg.defrost()
+        cfg.CHECKPOINT.BEST_METRIC = "val/loss"
+        optimizer = build_optimizer(cfg, torch.nn.Linear(4, 3), CPU)
+        sched = build_scheduler(cfg, optimizer, SPE)
+        for loss in (2.0, 1.0, 0.5):
+            sched.observe({"val/top1": 0.0, "val/loss": loss})
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+        sched.observe({"val/top1": 0.0, "val/loss": 0.6})
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+RESUME_KNOBS = {  # each schedule with its knobs away from the defaults, 6 epochs of 5 steps, a 1-epoch warmup
+    "cosine": dict(CYCLE_LIMIT=2, CYCLE_MUL=1.5, K_DECAY=1.5, COOLDOWN_EPOCHS=1.0, MIN_LR=0.001),
+    "tanh": dict(CYCLE_LIMIT=2, COOLDOWN_EPOCHS=1.0, MIN_LR=0.001),
+    "poly": dict(POLY_POWER=2.0, CYCLE_LIMIT=3, CYCLE_DECAY=0.7, COOLDOWN_EPOCHS=0.6),
+    "step": dict(DECAY_EPOCHS=1.4, DECAY_RATE=0.5),
+    "multistep": dict(DECAY_MILESTONES=(2.0, 3.6, 5.0), DECAY_RATE=0.3),
+    "plateau": dict(PLATEAU_PATIENCE=1, PLATEAU_COOLDOWN=1, DECAY_RATE=0.5, MIN_LR=0.004),
+    "constant": {}, "none": {},
+}
+# an evaluation every 2 steps: better, then stalled for a while, better again ... (plateau's counters all move)
+EVALS = [1, 2, 2, 2, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4]
+
+
+def evaluation(step: int) -> dict | None:
+    """The scalars of the evaluation after `step`, if one is due."""
+    return {"val/top1": float(EVALS[step // 2 % len(EVALS)])} if step % 2 == 0 else None
+
+
+def stepped(name: str, resume_at: int | None = None, steps: int = 30) -> list[float]:
+    """The LR after each step of a TrainStep on `name`'s schedule; with `resume_at`, its checkpoint then is
+    loaded into a TrainStep built anew, which steps on (as a killed run resumed does)."""
+    from runner.engine.step import TrainStep
+
+    knobs = dict(EPOCHS=6, WARMUP_EPOCHS=1.0, WARMUP_LR=0.001, **RESUME_KNOBS[name])
+    stepper = TrainStep(torch.nn.Linear(4, 3), None, scheduler=None)  # replaced below
+    out = []
+    for step in range(1, steps + 1):
+        if step == 1 or step == resume_at:
+            state = {**stepper.state_dict(), "step": step - 1} if step == resume_at else None
+            model = torch.nn.Linear(4, 3)
+            optimizer, sched = schedule(name, model, **knobs)
+            stepper = TrainStep(model, optimizer, scheduler=sched)
+            if state is not None:
+                stepper.load_state_dict(state)
+        stepper.step = step
+        stepper.scheduler.step_update(step)
+        if evaluation(step) is not None and hasattr(stepper.scheduler, "observe"):
+            stepper.scheduler.observe(evaluation(step))
+        out.append([g["lr"] for g in stepper.optimizer.param_groups])
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ALL_SCHEDULES))
+def test_a_resume_mid_run_gives_the_lrs_of_the_run_left_alone(name):
+    alone = stepped(name)
+    assert len({lr[0] for lr in alone}) > (0 if name == "none" else 2), alone  # the schedule moves
+    for k in (3, 5, 12, 19, 27):  # in the warmup, at its end, mid-run, in a cooldown
+        assert stepped(name, resume_at=k) == alone, (name, k)
+
+
+def test_plateau_state_is_all_of_its_counters():
+    _, sched = schedule("plateau", PLATEAU_PATIENCE=3, PLATEAU_COOLDOWN=2)
+    for value in (1.0, 2.0, 2.0):
+        sched.observe({"val/top1": value})
+    state = sched.state_dict()
+    assert state["plateau"]["best"] == 2.0 and state["plateau"]["num_bad_epochs"] == 1 and state["started"]
+    _, fresh = schedule("plateau", PLATEAU_PATIENCE=3, PLATEAU_COOLDOWN=2)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state
+    assert fresh.plateau.patience == 3  # the knobs stay the config's
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("DECAY_MILESTONES", "[60, 30]", "TRAIN.DECAY_MILESTONES must be a non-empty list of increasing epochs > 0"),
+    ("DECAY_MILESTONES", "[]", "TRAIN.DECAY_MILESTONES must be a non-empty list"),
+    ("DECAY_MILESTONES", "[0, 10]", "TRAIN.DECAY_MILESTONES must be a non-empty list"),
+    ("DECAY_MILESTONES", "30", "TRAIN.DECAY_MILESTONES expects a list"),
+    ("POLY_POWER", "-1", "TRAIN.POLY_POWER must be > 0, got -1.0"),
+    ("CYCLE_LIMIT", "0", "TRAIN.CYCLE_LIMIT must be >= 1"),
+    ("CYCLE_MUL", "0", "TRAIN.CYCLE_MUL must be > 0"),
+    ("CYCLE_DECAY", "1.5", "TRAIN.CYCLE_DECAY must be in (0, 1]"),
+    ("K_DECAY", "0", "TRAIN.K_DECAY must be > 0"),
+    ("COOLDOWN_EPOCHS", "-1", "TRAIN.COOLDOWN_EPOCHS must be >= 0"),
+    ("PLATEAU_PATIENCE", "-2", "TRAIN.PLATEAU_PATIENCE must be >= 0"),
+    ("PLATEAU_COOLDOWN", "1.5", "TRAIN.PLATEAU_COOLDOWN expects an integer"),
+])
+def test_schedule_knob_mistakes_are_one_line(key, value, words):
+    from runner.config import load_config
+
+    with pytest.raises(UserError, match=re.escape(words)) as err:
+        load_config([f"TRAIN.{key}", value, "OUTPUT_DIR", "x"])
+    assert "\n" not in str(err.value) and "(command line)" in str(err.value)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["TRAIN.SCHEDULER", "cosine", "TRAIN.EPOCHS", "10", "TRAIN.WARMUP_EPOCHS", "2", "TRAIN.COOLDOWN_EPOCHS", "8"],
+     "TRAIN.WARMUP_EPOCHS (2.0) + TRAIN.COOLDOWN_EPOCHS (8.0) must be less than TRAIN.EPOCHS (10)"),
+    (["TRAIN.SCHEDULER", "plateau", "TRAIN.DECAY_RATE", "1"], "TRAIN.SCHEDULER plateau needs TRAIN.DECAY_RATE < 1"),
+])
+def test_schedule_rules_across_keys(argv, words):
+    from runner.config import load_config
+
+    with pytest.raises(UserError, match=re.escape(words)):
+        load_config([*argv, "OUTPUT_DIR", "x"])
+    load_config([*argv[:2], "OUTPUT_DIR", "x"])  # the schedule alone is fine
+    if argv[1] == "cosine":  # a cooldown only cosine, tanh and poly read is not held against step
+        load_config(["TRAIN.SCHEDULER", "step", *argv[2:], "OUTPUT_DIR", "x"])
+
+
+def test_a_bad_milestone_through_train_py_is_exit_2(tmp_path):
+    proc = run_tool("train.py", [*TINY, "TRAIN.SCHEDULER", "multistep", "TRAIN.DECAY_MILESTONES", "[3, 2]",
+                                 "OUTPUT_DIR", str(tmp_path / "o")], timeout=120)
+    assert_user_error(proc, "TRAIN.DECAY_MILESTONES must be a non-empty list of increasing epochs > 0",
+                      "got [3.0, 2.0] (command line)")
+
+
+def test_a_knob_the_schedule_does_not_read_is_warned_about_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        schedule("cosine", DECAY_EPOCHS=2.0, DECAY_MILESTONES=(1.0, 2.0), COOLDOWN_EPOCHS=1.0)
+        schedule("step", DECAY_EPOCHS=2.0, WARMUP_EPOCHS=1.0)
+        schedule("none", WARMUP_EPOCHS=1.0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("TRAIN.SCHEDULER cosine ignores TRAIN.DECAY_EPOCHS 2.0, TRAIN.DECAY_MILESTONES (1.0, ")
+    assert "COOLDOWN" not in lines[0] and lines[1].startswith("TRAIN.SCHEDULER none ignores TRAIN.WARMUP_EPOCHS 1.0")
+    assert len(lines) == 2  # step reads both of its knobs
+
+
+def test_help_keys_train_says_what_each_knob_does():
+    from runner.config.io import help_keys_text
+
+    text = help_keys_text("TRAIN")
+    for key in SCHEDULE_KEYS:
+        block = text.split(f"TRAIN.{key} = ", 1)[1].split("\nTRAIN.", 1)[0]
+        assert len(block.splitlines()) >= 2, f"TRAIN.{key} has no comment"
+    for name in ALL_SCHEDULES:
+        assert name in text.split("TRAIN.SCHEDULER = ", 1)[1].split("\nTRAIN.WARMUP_EPOCHS", 1)[0], name
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -169,18 +169,53 @@ _C.TRAIN.LR = 0.1
 _C.TRAIN.MOMENTUM = 0.9
 # Weight decay
 _C.TRAIN.WEIGHT_DECAY = 5e-5
-# LR schedule: cosine | step | none
+# LR schedule (timm's, stepped every optimizer step; all but none warm up over WARMUP_EPOCHS first):
+#   cosine, tanh: from LR down to MIN_LR over the run, in CYCLE_LIMIT cycles then COOLDOWN_EPOCHS (K_DECAY: cosine)
+#   poly: from LR down to MIN_LR as (1 - t/T)**POLY_POWER; cycles, cooldown and K_DECAY as cosine
+#   step: LR times DECAY_RATE every DECAY_EPOCHS    multistep: LR times DECAY_RATE after each of DECAY_MILESTONES
+#   plateau: LR times DECAY_RATE (down to MIN_LR) once the best metric (CHECKPOINT.BEST_METRIC where set, else
+#     val/top1) has not improved for more than PLATEAU_PATIENCE evaluations; its counters are in the checkpoint
+#   constant: LR after the warmup    none: LR as set, no warmup
+# cosine, tanh and poly follow TRAIN.EPOCHS (a longer run re-derives them); the others do not. A key below that
+# the chosen schedule does not read is warned about once, not refused (timm ignores it too)
 _C.TRAIN.SCHEDULER = "cosine"
-# Epochs of linear warmup (fractions allowed)
+# Epochs of linear warmup from WARMUP_LR to LR (fractions allowed; every schedule but none)
 _C.TRAIN.WARMUP_EPOCHS = 0.0
 # LR at the start of warmup
 _C.TRAIN.WARMUP_LR = 1e-5
-# Lowest LR the schedule reaches
+# Lowest LR the schedule reaches (cosine, tanh, poly: their end and cooldown; plateau: its floor)
 _C.TRAIN.MIN_LR = 0.0
-# Step schedule: epochs between decays
+# step: epochs between decays (fractions allowed)
 _C.TRAIN.DECAY_EPOCHS = 30.0
-# Step schedule: factor applied at each decay
+# step, multistep, plateau: the factor applied to the LR at each decay (plateau: < 1)
 _C.TRAIN.DECAY_RATE = 0.1
+# multistep: the LR is multiplied by DECAY_RATE after each of these epochs (increasing; fractions allowed), counted
+# from the start, warmup included. timm's --decay-milestones, but a milestone m acts after m whole epochs, as step
+# and torch's MultiStepLR do (timm's own applies it one epoch, or one step, early)
+_C.TRAIN.DECAY_MILESTONES = (30.0, 60.0, 90.0)
+# poly: the power of the decay, (1 - t/T)**POLY_POWER: 1 is linear, below 1 holds the LR high for longer (timm's
+# PolyLRScheduler power; timm's train.py passes --decay-rate for it)
+_C.TRAIN.POLY_POWER = 0.5
+# cosine, poly: k-decay (timm's --lr-k-decay, arXiv 2004.05909): t becomes t**K_DECAY; above 1 the LR stays high
+# for longer, then falls faster. 1 = the plain curve
+_C.TRAIN.K_DECAY = 1.0
+# cosine, tanh, poly: the number of cycles (warm restarts, SGDR) that fill TRAIN.EPOCHS (less COOLDOWN_EPOCHS); each
+# restarts from the previous peak times CYCLE_DECAY. timm's train.py trains --epochs per cycle; here TRAIN.EPOCHS is
+# the whole run
+_C.TRAIN.CYCLE_LIMIT = 1
+# cosine, tanh, poly: each cycle is CYCLE_MUL times as long as the one before (SGDR's T_mult)
+_C.TRAIN.CYCLE_MUL = 1.0
+# cosine, tanh, poly: each cycle's peak LR is the previous one's times CYCLE_DECAY (timm's --lr-cycle-decay)
+_C.TRAIN.CYCLE_DECAY = 0.5
+# cosine, tanh, poly: the last COOLDOWN_EPOCHS of TRAIN.EPOCHS hold the LR at MIN_LR after the cycles end (timm's
+# --cooldown-epochs, which timm's train.py adds after --epochs; here they are part of TRAIN.EPOCHS)
+_C.TRAIN.COOLDOWN_EPOCHS = 0.0
+# plateau: evaluations in a row without improving the best metric that are tolerated; the next one without
+# improvement lowers the LR (torch's ReduceLROnPlateau patience, timm's --patience-epochs). Evaluations during the
+# warmup do not count
+_C.TRAIN.PLATEAU_PATIENCE = 10
+# plateau: evaluations after a decay during which no improvement is expected (ReduceLROnPlateau's cooldown)
+_C.TRAIN.PLATEAU_COOLDOWN = 0
 # Micro-batches accumulated per optimizer step
 _C.TRAIN.ACCUM_STEPS = 1
 # Gradient clipping threshold; 0 = off

@@ -155,6 +155,11 @@ _RULES = {
     "TRAIN.EPOCHS": _GE1, "TRAIN.LR": _GT0, "TRAIN.MOMENTUM": _RATE, "TRAIN.WEIGHT_DECAY": _GE0,
     "TRAIN.WARMUP_EPOCHS": _GE0, "TRAIN.WARMUP_LR": _GE0, "TRAIN.MIN_LR": _GE0, "TRAIN.DECAY_EPOCHS": _GT0,
     "TRAIN.DECAY_RATE": (lambda x: 0 < x <= 1, "in (0, 1]"), "TRAIN.ACCUM_STEPS": _GE1,
+    "TRAIN.DECAY_MILESTONES": (lambda x: len(x) > 0 and x[0] > 0 and list(x) == sorted(set(x)),
+                               "a non-empty list of increasing epochs > 0, e.g. [30, 60, 90]"),
+    "TRAIN.POLY_POWER": _GT0, "TRAIN.K_DECAY": _GT0, "TRAIN.CYCLE_LIMIT": _GE1, "TRAIN.CYCLE_MUL": _GT0,
+    "TRAIN.CYCLE_DECAY": (lambda x: 0 < x <= 1, "in (0, 1]"), "TRAIN.COOLDOWN_EPOCHS": _GE0,
+    "TRAIN.PLATEAU_PATIENCE": _GE0, "TRAIN.PLATEAU_COOLDOWN": _GE0,
     "TRAIN.CLIP_GRAD": _GE0, "TRAIN.LABEL_SMOOTHING": _RATE,
     "TRAIN.EMA_DECAY": (lambda x: 0 < x < 1, "in (0, 1)"), "TRAIN.LR_REF_BATCH": _GE0,
     "TRAIN.MAX_STEPS": _GE0, "TRAIN.BCE_TARGET_THRESH": _RATE,
@@ -322,7 +327,16 @@ def validate(cfg: CN, provenance: dict[str, str] | None = None, check_files: boo
             fail(key, f"{key} must be {words}, got {inline_yaml(get_value(cfg, key))}")
     if not cfg.MODEL.NAME:
         fail("MODEL.NAME", "MODEL.NAME must name a timm model, e.g. resnet18")
+    _validate_schedule(cfg, fail)
     _validate_cross_field(cfg, fail, check_files)
+
+
+def _validate_schedule(cfg: CN, fail: Callable[..., None]) -> None:
+    """TRAIN.SCHEDULER's own rule across keys, from runner.optim's table (config/ names no schedule)."""
+    check = SCHEDULES[cfg.TRAIN.SCHEDULER].check
+    problem = check(cfg) if check is not None else None
+    if problem is not None:
+        fail(*problem)
 
 
 def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:

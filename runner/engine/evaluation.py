@@ -89,6 +89,9 @@ class Evaluator(Hook):
         epoch = trainer.epoch if epoch is None else epoch
         scalars = self._measure(trainer.stepper)
         self.last_val, self.evaluated_step, self.unsaved = scalars, trainer.step, True
+        observe = getattr(trainer.stepper.scheduler, "observe", None)
+        if observe is not None:  # an LR schedule that steps on evaluations (plateau); the step saves its state
+            observe(scalars)
         self.is_best = self.best.update(scalars, trainer.step, epoch)
         if self.metrics is not None:
             self.metrics.write(trainer.step, epoch, scalars)

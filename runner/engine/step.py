@@ -135,8 +135,11 @@ class TrainStep:
         if self.ema is not None and state.get("ema") is not None:
             self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
-        # no scheduler.load_state_dict: the LR is a function of the config and the step (set below), and timm's
-        # saved state would bring back the old length, freezing a run extended with TRAIN.EPOCHS at its final LR
+        # no scheduler.load_state_dict for timm's: the LR is a function of the config and the step (set below), and
+        # their saved state would bring back the old length, freezing a run extended with TRAIN.EPOCHS at its final
+        # LR. A schedule whose state is not the step's (plateau's counters) says so and gets it back
+        if getattr(self.scheduler, "saves_state", False):
+            self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = state["step"]

@@ -225,7 +225,8 @@ FILES = {
     (["AMP.DTYPE", "fp16"], r"AMP.DTYPE must be one of bfloat16\|float16, got 'fp16' \(command line\)"),
     (["DEVICE", "gpu"], r"DEVICE must be one of auto\|cpu\|cuda"),
     (["DATA.NAME", "cifar"], r"DATA.NAME must be one of digits\|folder\|synthetic"),
-    (["TRAIN.SCHEDULER", "cos"], r"cosine\|step\|none, got 'cos' \(command line\); did you mean cosine"),
+    (["TRAIN.SCHEDULER", "cos"], r"cosine\|tanh\|poly\|step\|multistep\|plateau\|constant\|none, got 'cos' "
+                                 r"\(command line\); did you mean cosine"),
     (["TRAIN.CLIP_MODE", "norms"], r"TRAIN.CLIP_MODE must be one of norm\|value\|agc"),
     (["DIST.BACKEND", "mpi"], r"DIST.BACKEND must be one of auto\|nccl\|gloo"),
     (["LOG.PROGRESS", "fancy"], r"LOG.PROGRESS must be one of auto\|bar\|plain"),
