@@ -399,6 +399,13 @@ EVAL_METRICS = ("val/top1", "val/top5", "val/loss")
 EMA_METRICS = ("val_ema/top1", "val_ema/top5")
 
 
+def best_mode(metric: str, mode: str) -> str:
+    """CHECKPOINT.BEST_MODE for `metric`: max or min; auto: min for a loss, max otherwise (as timm's train.py)."""
+    if mode != "auto":
+        return mode
+    return "min" if metric.rsplit("/", 1)[-1] == "loss" else "max"
+
+
 def _validate_best(cfg: CN, fail: Callable[..., None]) -> None:
     """CHECKPOINT.BEST_METRIC is a metric this run logs; early stopping's min delta needs its patience."""
     metric = cfg.CHECKPOINT.BEST_METRIC

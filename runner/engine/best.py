@@ -8,12 +8,7 @@ from __future__ import annotations
 
 import math
 
-
-def resolve_mode(metric: str, mode: str) -> str:
-    """max or min; auto: min for a loss, max otherwise (timm's train.py: decreasing only for its loss)."""
-    if mode != "auto":
-        return mode
-    return "min" if metric.rsplit("/", 1)[-1] == "loss" else "max"
+from runner.config.schema import best_mode as resolve_mode  # torch-free: the summary uses it too
 
 
 def beats(value: float, ref: float | None, mode: str, delta: float = 0.0) -> bool:

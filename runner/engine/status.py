@@ -101,7 +101,7 @@ class RunStatus(Hook):
         imgs, secs = self.metrics.throughput if self.metrics is not None else (0, 0.0)
         results = {
             "status": marker.DONE,
-            "val/top1": last.get("val/top1"), "val/top5": last.get("val/top5"), "val/loss": last.get("val/loss"),
+            "val/top1": last.get("val/top1"), "val/top5": last.get("val/top5"),
             # best/*: every metric of the best evaluation by CHECKPOINT.BEST_METRIC (best/metric, best/mode), the one
             # best.pth holds: best/val/top5 is the top-5 of that evaluation, not the highest top-5; early_stop: why
             # and where the run stopped early (None: it ran its full length)

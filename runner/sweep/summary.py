@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from runner.config import flatten, get_default_config, same_value
+from runner.config.schema import best_mode
 from runner.rundir import reader
 from runner.rundir.layout import METRICS, RESULTS, RUN_JSON
 from runner.rundir.marker import is_done
@@ -21,7 +22,8 @@ from runner.rundir.reader import ACTIVE_S, find_runs
 
 # Keys that differ in every run by construction, so they never make a column
 IGNORED_KEYS = {"OUTPUT_DIR"}
-# best/*: the values of the evaluation with the highest top-1 (best/val/top5 is the top-5 at the best top-1)
+# best/*: the values of the best evaluation by CHECKPOINT.BEST_METRIC (by default the highest top-1; best/val/top5 is
+# the top-5 at it)
 RESULT_COLUMNS = ("status", "val/top1", "best/val/top1", "val/top5", "best/val/top5", "epoch", "wall_s",
                   "train/img_per_s", "note")
 DEFAULT_SORT = "best/val/top1"
@@ -94,8 +96,12 @@ def read_metrics(run: Run, folder: Path) -> dict[str, Any]:
     if found is None:
         return {}
     out: dict[str, Any] = {}
+    config = run.config or {}
+    metric = config.get("CHECKPOINT.BEST_METRIC", "val/top1")
+    mode = best_mode(metric, config.get("CHECKPOINT.BEST_MODE", "auto"))
     for record in found.rows:
-        _fold_metrics(out, record)
+        _fold_metrics(out, record, metric, mode)
+    out.pop("_best", None)
     speeds = out.pop("_img_per_s", None)
     if speeds:
         out["train/img_per_s"] = sum(speeds) / len(speeds)
@@ -108,22 +114,23 @@ def read_metrics(run: Run, folder: Path) -> dict[str, Any]:
     return out
 
 
-def _fold_metrics(out: dict[str, Any], record: dict[str, Any]) -> None:
+def _fold_metrics(out: dict[str, Any], record: dict[str, Any], metric: str = "val/top1", mode: str = "max") -> None:
     """Update the final and best val metrics, the epoch and the img/s sum with one metrics.jsonl record.
 
-    As results.json has them: best/val/top1 the highest top-1, best/val/top5 the top-5 of that same evaluation
-    (the first of equal ones), not the highest top-5.
+    As results.json has them: best/val/top1 and best/val/top5 those of the best evaluation by `metric` in `mode`
+    (CHECKPOINT.BEST_METRIC; the first of equal ones), by default the highest top-1 and the top-5 at it.
     """
-    top1 = record.get("val/top1")
     for key in ("val/top1", "val/top5"):
         value = record.get(key)
         if _is_number(value):
             out[key] = value
             if _is_number(record.get("epoch")):
                 out["epoch"] = record["epoch"]  # evaluations come at epoch ends: epochs done
-    if _is_number(top1) and top1 > out.get("best/val/top1", float("-inf")):
-        out["best/val/top1"] = top1
-        out["best/val/top5"] = record.get("val/top5") if _is_number(record.get("val/top5")) else None
+    value, ref = record.get(metric), out.get("_best")
+    if _is_number(value) and (ref is None or (value > ref if mode == "max" else value < ref)):
+        out["_best"] = value
+        for key in ("val/top1", "val/top5"):
+            out[f"best/{key}"] = record.get(key) if _is_number(record.get(key)) else None
     if _is_number(record.get("train/img_per_s")):
         out["_img_per_s"] = [*out.get("_img_per_s", []), record["train/img_per_s"]]
 

@@ -239,3 +239,14 @@ def test_summarize_argument_mistakes_are_one_line(args, fragment):
     from tests.utils import assert_user_error, run_tool
 
     assert_user_error(run_tool("summarize.py", args), fragment)  # argparse's usage made it three lines
+
+
+def test_an_unfinished_runs_best_follows_its_best_metric(tmp_path: Path) -> None:
+    """As results.json will say: best/* are the values of the evaluation with the lowest val/loss, where the run's
+    CHECKPOINT.BEST_METRIC is val/loss (BEST_MODE auto: min)."""
+    rows = [{"step": 5, "epoch": 1, "val/top1": 50.0, "val/top5": 80.0, "val/loss": 0.9},
+            {"step": 10, "epoch": 1, "val/top1": 40.0, "val/top5": 85.0, "val/loss": 0.7},
+            {"step": 15, "epoch": 2, "val/top1": 45.0, "val/top5": 90.0, "val/loss": 0.8}]
+    make_run(tmp_path / "run", {"CHECKPOINT.BEST_METRIC": "val/loss"}, metrics=rows, state={"status": "running"})
+    (row,) = summarize(tmp_path)
+    assert (row["best/val/top1"], row["best/val/top5"], row["val/top1"]) == (40.0, 85.0, 45.0)
