@@ -2,8 +2,9 @@
 
 Modules, imports running one way (each imports only those above it):
     step        TrainStep: micro-step, optimizer step, loss tracking on the device (no host sync)
+    best        Best (the best evaluation by CHECKPOINT.BEST_METRIC), EarlyStopping (TRAIN.EARLY_STOP_*); no torch
     hooks       Hook, StopRun; Profiler, MetricLogger (windows, sinks), Checkpointer
-    evaluation  evaluate (top-1/top-5 over a split), Evaluator (and the best result)
+    evaluation  evaluate (top-1/top-5 over a split), Evaluator (epochs, EVAL.PERIOD_STEPS; best, early stopping)
     signals     StopFlag, Preemption (SIGTERM/SIGUSR1/Ctrl-C agreed by every rank; PROFILE.ONLY), TimeLimit
     status      RunStatus (run.json, results.json, TensorBoard's hparams)
     watchdog    Watchdog (hangs: stacks, run.json hung, exit 76), relaying failures of any rank via the store
