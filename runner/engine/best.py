@@ -87,11 +87,11 @@ class EarlyStopping:
 
     def stop(self, step: int, epoch: int) -> str:
         """Record the stop at (step, epoch); the reason, in words."""
-        better = f"{'above' if self.mode == 'max' else 'below'} {self.ref:.6g}"
+        better = f"{'above' if self.mode == 'max' else 'below'} {self.ref:.6g} (step {self.ref_step})"
         if self.min_delta:
             better += f" by more than {self.min_delta:g}"
-        why = (f"{self.metric} ({self.mode}) not {better} (its best, step {self.ref_step}) in {self.wait} "
-               f"evaluations (TRAIN.EARLY_STOP_PATIENCE {self.patience})")
+        why = (f"{self.metric} ({self.mode}) not {better} in {self.wait} evaluations (TRAIN.EARLY_STOP_PATIENCE "
+               f"{self.patience})")
         self.stopped = {"step": step, "epoch": epoch, "metric": self.metric, "mode": self.mode,
                         "patience": self.patience, "min_delta": self.min_delta,
                         "evaluations_without_improvement": self.wait, "best": self.ref,

@@ -83,7 +83,8 @@ def test_early_stopping_counts_evaluations_without_an_improvement_beyond_min_del
     assert [early.update(v, s, 1) for s, v in enumerate([1.0, 0.95, 0.85, 0.8, 0.9])] == [False] * 4 + [True]
     why = early.stop(4, 1)
     assert early.stopped["best"] == 0.85 and early.stopped["best_step"] == 2 and early.stopped["step"] == 4
-    assert "val/loss (min) not below 0.85 by more than 0.1" in why and "in 2 evaluations" in why
+    assert why == ("val/loss (min) not below 0.85 (step 2) by more than 0.1 in 2 evaluations "
+                   "(TRAIN.EARLY_STOP_PATIENCE 2)")
 
 
 def test_the_metrics_a_config_may_name_are_the_evaluators():
