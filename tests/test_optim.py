@@ -457,3 +457,45 @@ def test_a_new_schedule_is_one_module_and_one_line_and_trains(half_schedule, tmp
         trainer.close()
     assert [g["lr"] for g in trainer.stepper.optimizer.param_groups][0] == pytest.approx(0.1)
     assert "half" in ENUMS["TRAIN.SCHEDULER"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# plateau end to end: tools/train.py on the digits, SIGKILLed in its third epoch and run again
+# ---------------------------------------------------------------------------------------------------------
+# an evaluation every 3 steps at a high LR: the val top-1 stalls now and then. Killed at step 45 (one process, 1
+# thread: the tests' environment), the best is 3 evaluations old (step 42) and 2 did not improve on it (44 and
+# 45): the one at step 48 lowers the LR; with the counters lost it would count as an improvement
+PLATEAU_RUN = ["MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "64", "DATA.NUM_WORKERS", "0",
+               "TRAIN.EPOCHS", "3", "TRAIN.LR", "0.4", "TRAIN.WARMUP_EPOCHS", "0", "TRAIN.SCHEDULER", "plateau",
+               "TRAIN.PLATEAU_PATIENCE", "2", "TRAIN.DECAY_RATE", "0.5", "EVAL.PERIOD_STEPS", "3",
+               "CHECKPOINT.PERIOD", "3", "LOG.PERIOD", "1", "LOG.PROGRESS", "plain", "CUDNN.DETERMINISTIC", "true",
+               "TRAIN.EMA", "true", "TRAIN.EMA_DECAY", "0.9"]  # assert_same_run compares an EMA too
+
+
+@pytest.mark.slow
+def test_plateau_run_killed_in_its_third_epoch_resumes_exactly(tmp_path):
+    import signal
+    import sys
+
+    from tests.engine.test_resume import DIGITS, RESUMED, STEPS_PER_EPOCH, Launch, assert_same_run, train_rows
+    from tests.utils import TRAIN
+
+    ref, out = tmp_path / "alone", tmp_path / "killed"
+    argv = [sys.executable, TRAIN, "--cfg", DIGITS, *PLATEAU_RUN, "OUTPUT_DIR"]
+    launches = [Launch([*argv, str(ref)], tmp_path, "alone"), Launch([*argv, str(out)], tmp_path, "killed")]
+    try:
+        launches[1].wait_step(2 * STEPS_PER_EPOCH + 1)
+        launches[1].p.send_signal(signal.SIGKILL)
+        assert launches[1].finish(60) == -signal.SIGKILL
+        launches.append(Launch([*argv, str(out)], tmp_path, "resumed"))
+        for run in launches[::2]:
+            assert run.finish() == 0, run.stdout[-3000:] + run.stderr
+    finally:
+        for run in launches:
+            if run.p.poll() is None:
+                run.kill_all()
+    resumed_at = int(RESUMED.search(launches[2].stdout).group(4))
+    assert 2 * STEPS_PER_EPOCH <= resumed_at, launches[2].stdout[-3000:]
+    assert_same_run(out, ref)
+    lrs = [row["train/lr"] for row in train_rows(ref)]  # one row per step, from step 1
+    assert min(lrs[resumed_at:]) < lrs[resumed_at - 1], lrs  # the restored counters decided a drop
