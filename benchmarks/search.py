@@ -1,0 +1,218 @@
+#!/usr/bin/env python
+"""The search's numbers (issue 37, section 3): ASHA against the same configs trained to the end, against random
+search with ASHA's compute, and the cost of a pause and a resume. A benchmark, not a test: it prints one JSON line.
+
+    python benchmarks/search.py [--trials 27] [--epochs 9] [--eta 3] [--seed 0] [--repeats 5] [--out DIR]
+                                [--cfg configs/digits/test_resnet.yaml] [KEY VALUE ...]
+
+1. ASHA: a sweep file (written to OUT/search.yaml) over TRAIN.LR log [1e-5, 1] and TRAIN.WEIGHT_DECAY log [1e-6, 0.1]
+   on the digits, `sampler: random` with `seed`, `asha: {eta, min_epochs: 1}` (rungs 1, 3, 9 for 9 epochs), run by
+   one worker: `python -m runner.sweep search --no-table OUT/search.yaml KEY VALUE ...`. Its compute is the epochs
+   its trials trained (each trial folder's last epoch in metrics.jsonl), its best the best COMPLETE trial's
+   val/top1 at the last epoch (the study's value).
+2. Full training: each of the study's N sampled configs (its trials' params, the same tools/train.py arguments)
+   trained straight to TRAIN.EPOCHS in OUT/full/trial_N; compute N x EPOCHS, best the highest final val/top1.
+3. Random search with ASHA's compute: N' = round(ASHA epochs / EPOCHS) full-length trials. The random sampler's
+   draw of trial i depends on seed + i only, so the first N' configs of step 2 are exactly what random search with
+   that seed would train: its best is read off step 2 (no training). Also given: the expected best of N' configs
+   drawn at random (without replacement) from the N, a less lucky-or-unlucky figure than one draw.
+4. Overhead of a promotion: `repeats` times, alternated, one config (--overhead-lr and --overhead-wd, by default
+   the digits config's own 0.004 and 0.05) trained straight to epoch eta x min_epochs in one process, and paused after min_epochs (`--pause-after-epoch`) then resumed to the same
+   epoch in a second process; the difference of the medians is the cost of one pause and resume (the second
+   process's start-up, imports, checkpoint load, and the pause's exit). Whole processes, timed from launch to exit.
+
+Everything runs one process after another (one worker): on a shared machine set OMP_NUM_THREADS=1 to keep other
+people's load from making the threads wait on each other (docs/PERFORMANCE.md, "CPU threads on a loaded machine").
+Goals (issue 37): ASHA's epochs at most 1/3 of full training's; ASHA's best within 0.3 points of full training's.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from digits_seeds import cpu_model, load  # benchmarks/ is on sys.path: it is this script's own folder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SET = {"DATA.IMG_SIZE": 16, "DATA.NUM_WORKERS": 0, "MODEL.NAME": "test_resnet"}
+SPACE = {"TRAIN.LR": {"log": [1.0e-5, 1.0]}, "TRAIN.WEIGHT_DECAY": {"log": [1.0e-6, 0.1]}}
+METRIC = "val/top1"
+COMPUTE_GOAL = 1 / 3
+QUALITY_GOAL = 0.3
+
+
+def sweep_file(out: Path, args: argparse.Namespace) -> Path:
+    """OUT/search.yaml: the digits over LR and weight decay, random sampler, ASHA from epoch 1."""
+    body = {"cfg": str((ROOT / args.cfg).resolve()), "root": str(out / "asha"),
+            "set": {**SET, "TRAIN.EPOCHS": args.epochs},
+            "search": {"metric": METRIC, "mode": "max", "trials": args.trials, "sampler": "random",
+                       "seed": args.seed, "asha": {"eta": args.eta, "min_epochs": 1}, "space": SPACE}}
+    path = out / "search.yaml"
+    path.write_text(json.dumps(body, indent=1) + "\n")  # JSON is YAML
+    return path
+
+
+def timed(cmd: list[str], log: Path | None = None) -> float:
+    """Run `cmd` from the repository root (output to `log`, appended); its wall seconds; exit on failure."""
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    t0 = time.perf_counter()
+    try:
+        code = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
+    finally:
+        if log:
+            out.close()
+    if code != 0:
+        sys.exit(f"failed (exit {code}): {' '.join(cmd)}" + (f"; see {log}" if log else ""))
+    return time.perf_counter() - t0
+
+
+def last_epoch(run: Path) -> int:
+    """The last epoch a run folder trained (its metrics.jsonl; 0 when there is none)."""
+    from runner.rundir import reader
+
+    return max((int(r.get("epoch", 0)) for r in reader.metrics_rows(run)), default=0)
+
+
+def final_value(run: Path, epoch: int) -> float | None:
+    """The metric of the evaluation at the end of `epoch` in a run folder (None when absent)."""
+    from runner.rundir import reader
+
+    rows = [r for r in reader.metrics_rows(run) if r.get("epoch") == epoch and METRIC in r]
+    return float(rows[-1][METRIC]) if rows else None
+
+
+def run_asha(path: Path, extra: list[str], out: Path) -> dict:
+    """One worker over the study; its epochs, promotions, best trial and wall time."""
+    from optuna.trial import TrialState
+
+    from runner.sweep import asha
+    from runner.sweep.search import load_search
+    from runner.sweep.study import open_study
+
+    cmd = [sys.executable, "-m", "runner.sweep", "search", "--no-table", str(path), *extra]
+    wall = timed(cmd, out / "asha.log")
+    search = load_search(str(path), extra)
+    trials = open_study(search, create=False).get_trials(deepcopy=False)
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    best = max(done, key=lambda t: t.value)
+    reached = [asha.reached(t, search.rungs) for t in trials]
+    return {"search": search, "trials": trials, "done": done, "wall_s": wall,
+            "epochs": sum(last_epoch(Path(search.trial_dir(t.number))) for t in trials),
+            "segments": sum(len(t.intermediate_values) for t in trials),
+            "promotions": sum(len(t.intermediate_values) - 1 for t in trials if t.intermediate_values),
+            "reached": {str(r): reached.count(r) for r in search.rungs},
+            "failed": sum(t.state == TrialState.FAIL for t in trials),
+            "complete": len(done), "best": best.value, "best_trial": best.number}
+
+
+def run_full(search, trials, out: Path) -> dict:
+    """Each sampled config trained straight to the end; the finals by trial number, compute and wall time."""
+    epochs = search.rungs[-1]
+    finals, wall = {}, 0.0
+    for t in trials:
+        run = out / "full" / f"trial_{t.number}"
+        wall += timed(train_cmd(search, t.params, run), out / "full.log")
+        finals[t.number] = final_value(run, epochs)
+        print(f"full: trial {t.number}: {finals[t.number]}", file=sys.stderr, flush=True)
+    return {"finals": finals, "epochs": sum(last_epoch(out / "full" / f"trial_{n}") for n in finals), "wall_s": wall}
+
+
+def expected_best(values: list[float], k: int) -> float:
+    """The expected best of k values drawn without replacement from `values`."""
+    ranked, n = sorted(values), len(values)
+    return sum(v * math.comb(i, k - 1) for i, v in enumerate(ranked)) / math.comb(n, k)
+
+
+def random_same_compute(finals: dict[int, float], asha_epochs: int, epochs: int) -> dict:
+    """Random search with ASHA's epochs: the first N' configs' best, and the expected best of N' of the N."""
+    k = max(1, min(len(finals), round(asha_epochs / epochs)))
+    first = [finals[n] for n in sorted(finals)[:k]]
+    return {"trials": k, "epochs": k * epochs, "best_first": max(first),
+            "best_expected": expected_best(list(finals.values()), k)}
+
+
+def overhead(search, args: argparse.Namespace, out: Path) -> dict:
+    """Straight to the second rung against paused at the first and resumed, `repeats` times alternated."""
+    first, to = search.rungs[0], search.rungs[min(1, len(search.rungs) - 1)]
+    params = {"TRAIN.LR": args.overhead_lr, "TRAIN.WEIGHT_DECAY": args.overhead_wd}
+    log, straight, split = out / "overhead.log", [], []
+    for i in range(args.repeats):
+        one = train_cmd(search, params, out / "overhead" / f"straight_{i}")
+        straight.append(timed([*one, "--pause-after-epoch", str(to)], log))
+        two = train_cmd(search, params, out / "overhead" / f"split_{i}")
+        split.append(timed([*two, "--pause-after-epoch", str(first)], log)
+                     + timed([*two, "--pause-after-epoch", str(to)], log))
+    return {"config": params, "from_epoch": first, "to_epoch": to, "straight_s": straight,
+            "paused_resumed_s": split, "per_promotion_s": statistics.median(split) - statistics.median(straight)}
+
+
+def train_cmd(search, params: dict, run: Path) -> list[str]:
+    """tools/train.py with the search's config, `params` for the space, into `run`."""
+    return [sys.executable, str(ROOT / "tools" / "train.py"), *search.argv(params, str(run))]
+
+
+def report(args, asha_run: dict, full: dict, rnd: dict, cost: dict, before: str) -> dict:
+    """The one JSON object: settings, the four measurements, the goals."""
+    import torch
+
+    full_best = max(full["finals"].values())
+    ratio = asha_run["epochs"] / full["epochs"]
+    gap = full_best - asha_run["best"]
+    best_cfg = asha_run["trials"][asha_run["best_trial"]].params
+    return {
+        "benchmark": "search", "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "cpu": cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_before": before, "load_after": load(),
+        "cfg": args.cfg, "set": {**SET, "TRAIN.EPOCHS": args.epochs}, "extra": args.overrides, "space": SPACE,
+        "trials": args.trials, "eta": args.eta, "seed": args.seed, "rungs": list(asha_run["search"].rungs),
+        "asha": {k: asha_run[k] for k in ("epochs", "segments", "promotions", "reached", "complete", "failed",
+                                          "best", "best_trial", "wall_s")} | {"best_params": best_cfg},
+        "full": {"epochs": full["epochs"], "best": full_best, "best_trial": max(full["finals"],
+                 key=full["finals"].get), "wall_s": full["wall_s"],
+                 "finals": {str(n): v for n, v in sorted(full["finals"].items())},
+                 "asha_best_rank": 1 + sum(v > full["finals"][asha_run["best_trial"]] for v in full["finals"].values()),
+                 "asha_complete_equal": all(full["finals"][t.number] == t.value for t in asha_run["done"])},
+        "random": rnd, "overhead": cost,
+        "goals": {"compute_ratio": ratio, "compute_met": ratio <= COMPUTE_GOAL, "gap_points": gap,
+                  "quality_met": gap <= QUALITY_GOAL},
+    }
+
+
+def main() -> None:
+    """Parse the arguments, run the four parts one after another, print the JSON line."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cfg", default="configs/digits/test_resnet.yaml")
+    p.add_argument("--trials", type=int, default=27)
+    p.add_argument("--epochs", type=int, default=9)
+    p.add_argument("--eta", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=5, help="pairs of runs timed for the overhead")
+    p.add_argument("--overhead-lr", type=float, default=0.004, help="the config timed for the overhead: TRAIN.LR")
+    p.add_argument("--overhead-wd", type=float, default=0.05, help="... and TRAIN.WEIGHT_DECAY")
+    p.add_argument("--out", default=None, help="work folder (default: a new one under /tmp, kept)")
+    p.add_argument("overrides", nargs="*", help="KEY VALUE pairs for every run")
+    args = p.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-search-")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    before = load()
+    asha_run = run_asha(sweep_file(out, args), args.overrides, out)
+    print(f"asha: {asha_run['epochs']} epochs, best {asha_run['best']:.2f}", file=sys.stderr, flush=True)
+    full = run_full(asha_run["search"], asha_run["trials"], out)
+    rnd = random_same_compute(full["finals"], asha_run["epochs"], args.epochs)
+    cost = overhead(asha_run["search"], args, out)
+    result = report(args, asha_run, full, rnd, cost, before)
+    result["out"] = str(out)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
