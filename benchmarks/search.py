@@ -17,9 +17,10 @@ search with ASHA's compute, and the cost of a pause and a resume. A benchmark, n
    that seed would train: its best is read off step 2 (no training). Also given: the expected best of N' configs
    drawn at random (without replacement) from the N, a less lucky-or-unlucky figure than one draw.
 4. Overhead of a promotion: `repeats` times, alternated, one config (--overhead-lr and --overhead-wd, by default
-   the digits config's own 0.004 and 0.05) trained straight to epoch eta x min_epochs in one process, and paused after min_epochs (`--pause-after-epoch`) then resumed to the same
-   epoch in a second process; the difference of the medians is the cost of one pause and resume (the second
-   process's start-up, imports, checkpoint load, and the pause's exit). Whole processes, timed from launch to exit.
+   the digits config's own 0.004 and 0.05) trained straight to epoch eta x min_epochs in one process, and paused
+   after min_epochs (`--pause-after-epoch`) then resumed to the same epoch in a second process; the difference of
+   the medians is the cost of one pause and resume (the second process's start-up, imports, checkpoint load, and
+   the pause's exit). Whole processes, timed from launch to exit.
 
 Everything runs one process after another (one worker): on a shared machine set OMP_NUM_THREADS=1 to keep other
 people's load from making the threads wait on each other (docs/PERFORMANCE.md, "CPU threads on a loaded machine").
