@@ -254,9 +254,8 @@ class PlateauLR:
 
 
 def plateau(cfg, optimizer, steps_per_epoch: int) -> PlateauLR:
-    """The plateau schedule on the best metric (CHECKPOINT.BEST_METRIC / BEST_MODE where the config has them)."""
-    t, ckpt = cfg.TRAIN, cfg.CHECKPOINT
-    metric, mode = ckpt.get("BEST_METRIC", "val/top1"), ckpt.get("BEST_MODE", "auto")
+    """The plateau schedule on the best metric (CHECKPOINT.BEST_METRIC, in BEST_MODE)."""
+    t, metric, mode = cfg.TRAIN, cfg.CHECKPOINT.BEST_METRIC, cfg.CHECKPOINT.BEST_MODE
     if mode == "auto":  # as the best's (runner.engine.best): min for a loss, max otherwise (timm's train.py)
         mode = "min" if metric.rsplit("/", 1)[-1] == "loss" else "max"
     return PlateauLR(optimizer, warmup_steps=t.WARMUP_EPOCHS * steps_per_epoch, warmup_lr=t.WARMUP_LR,

@@ -194,22 +194,31 @@ def test_plateau_lowers_the_lr_after_patience_evaluations_without_improvement():
     assert seen == pytest.approx([0.1] * 4 + [0.05] * 4 + [0.025] * 3 + [0.02] * 3)
 
 
-def test_plateau_cooldown_and_a_loss_metric(monkeypatch):
+def test_plateau_cooldown_and_a_loss_metric():
     optimizer, sched = schedule("plateau", PLATEAU_PATIENCE=0, PLATEAU_COOLDOWN=2, DECAY_RATE=0.5)
     for _ in range(5):  # lowered, 2 evaluations of cooldown, lowered, cooldown
         sched.observe(STALLED)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
-    if "BEST_MODE" in get_default_config().CHECKPOINT:  # the best metric's direction: a loss is better lower
-        cfg = config(SCHEDULER="plateau", PLATEAU_PATIENCE=0)
-        cfg.defrost()
-        cfg.CHECKPOINT.BEST_METRIC = "val/loss"
-        optimizer = build_optimizer(cfg, torch.nn.Linear(4, 3), CPU)
-        sched = build_scheduler(cfg, optimizer, SPE)
-        for loss in (2.0, 1.0, 0.5):
-            sched.observe({"val/top1": 0.0, "val/loss": loss})
-        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
-        sched.observe({"val/top1": 0.0, "val/loss": 0.6})
-        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+    cfg = config(SCHEDULER="plateau", PLATEAU_PATIENCE=0)  # BEST_MODE auto: a loss is better lower
+    cfg.defrost()
+    cfg.CHECKPOINT.BEST_METRIC = "val/loss"
+    optimizer = build_optimizer(cfg, torch.nn.Linear(4, 3), CPU)
+    sched = build_scheduler(cfg, optimizer, SPE)
+    for loss in (2.0, 1.0, 0.5):
+        sched.observe({"val/top1": 0.0, "val/loss": loss})
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+    sched.observe({"val/top1": 0.0, "val/loss": 0.6})
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_plateau_without_its_metric_warns_once_and_keeps_the_lr(caplog):
+    optimizer, sched = schedule("plateau", PLATEAU_PATIENCE=0)
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        for _ in range(3):
+            sched.observe({"val/loss": 1.0})
+    assert [r.getMessage() for r in caplog.records] == ["TRAIN.SCHEDULER plateau: the evaluation has no val/top1; "
+                                                         "the LR stays"]
+    assert optimizer.param_groups[0]["lr"] == 0.1
 
 
 RESUME_KNOBS = {  # each schedule with its knobs away from the defaults, 6 epochs of 5 steps, a 1-epoch warmup

@@ -173,8 +173,8 @@ _C.TRAIN.WEIGHT_DECAY = 5e-5
 #   cosine, tanh: from LR down to MIN_LR over the run, in CYCLE_LIMIT cycles then COOLDOWN_EPOCHS (K_DECAY: cosine)
 #   poly: from LR down to MIN_LR as (1 - t/T)**POLY_POWER; cycles, cooldown and K_DECAY as cosine
 #   step: LR times DECAY_RATE every DECAY_EPOCHS    multistep: LR times DECAY_RATE after each of DECAY_MILESTONES
-#   plateau: LR times DECAY_RATE (down to MIN_LR) once the best metric (CHECKPOINT.BEST_METRIC where set, else
-#     val/top1) has not improved for more than PLATEAU_PATIENCE evaluations; its counters are in the checkpoint
+#   plateau: LR times DECAY_RATE (down to MIN_LR) once CHECKPOINT.BEST_METRIC (in BEST_MODE) has not improved for
+#     more than PLATEAU_PATIENCE evaluations; its counters are in the checkpoint
 #   constant: LR after the warmup    none: LR as set, no warmup
 # cosine, tanh and poly follow TRAIN.EPOCHS (a longer run re-derives them); the others do not. A key below that
 # the chosen schedule does not read is warned about once, not refused (timm ignores it too)
