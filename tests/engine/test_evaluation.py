@@ -26,10 +26,10 @@ class Batches:
 
 
 class Stepper:
-    """What Evaluator.validate reads of the step: the bare module and no EMA."""
+    """What Evaluator.validate reads of the step: the bare module, no EMA, no schedule to tell."""
 
     def __init__(self, module: nn.Module):
-        self.bare, self.ema = module, None
+        self.bare, self.ema, self.scheduler = module, None, None
 
 
 class Trainer:
