@@ -244,17 +244,18 @@ def stepped(name: str, resume_at: int | None = None, steps: int = 30) -> list[fl
     loaded into a TrainStep built anew, which steps on (as a killed run resumed does)."""
     from runner.engine.step import TrainStep
 
-    knobs = dict(EPOCHS=6, WARMUP_EPOCHS=1.0, WARMUP_LR=0.001, **RESUME_KNOBS[name])
-    stepper = TrainStep(torch.nn.Linear(4, 3), None, scheduler=None)  # replaced below
-    out = []
+    def fresh() -> TrainStep:
+        """A step with a newly built optimizer and schedule."""
+        model = torch.nn.Linear(4, 3)
+        optimizer, sched = schedule(name, model, EPOCHS=6, WARMUP_EPOCHS=1.0, WARMUP_LR=0.001, **RESUME_KNOBS[name])
+        return TrainStep(model, optimizer, scheduler=sched)
+
+    stepper, out = fresh(), []
     for step in range(1, steps + 1):
-        if step == 1 or step == resume_at:
-            state = {**stepper.state_dict(), "step": step - 1} if step == resume_at else None
-            model = torch.nn.Linear(4, 3)
-            optimizer, sched = schedule(name, model, **knobs)
-            stepper = TrainStep(model, optimizer, scheduler=sched)
-            if state is not None:
-                stepper.load_state_dict(state)
+        if step == resume_at:  # the checkpoint after step - 1, loaded as TrainStep.load_state_dict does at a resume
+            state = {**stepper.state_dict(), "step": step - 1}
+            stepper = fresh()
+            stepper.load_state_dict(state)
         stepper.step = step
         stepper.scheduler.step_update(step)
         if evaluation(step) is not None and hasattr(stepper.scheduler, "observe"):
