@@ -253,6 +253,9 @@ def _metric(sweep: Sweep, raw: dict[str, Any], cfg: Any) -> tuple[str, str]:
 def _asha(sweep: Sweep, raw: Any, cfg: Any) -> tuple[int, int, tuple[int, ...]]:
     """(eta, min_epochs, rungs); without asha: every trial trains to TRAIN.EPOCHS (one rung)."""
     epochs = cfg.TRAIN.EPOCHS
+    if cfg.TRAIN.EARLY_STOP_PATIENCE:  # a trial stopped before its rung would have no value there
+        raise fail(sweep, "a trial's metric is read at its rungs (the last: TRAIN.EPOCHS), and "
+                          "TRAIN.EARLY_STOP_PATIENCE would end trials before them; drop it (asha: stops the bad ones)")
     if raw is None:
         return 3, epochs, (epochs,)
     if not isinstance(raw, dict) or set(raw) - {"eta", "min_epochs"}:

@@ -113,6 +113,7 @@ def test_mistakes_in_the_file_and_the_command_line(tmp_path):
     refused(both, "drop grid:/points:")
     period = search_file(tmp_path, "trials: 2\nasha: {eta: 2, min_epochs: 1}\n", epochs=4, name="p.yaml")
     refused(period, "the rung at epoch 1 has no evaluation with EVAL.PERIOD 2", extra=("EVAL.PERIOD", "2"))
+    refused(path, "TRAIN.EARLY_STOP_PATIENCE would end trials before them", extra=("TRAIN.EARLY_STOP_PATIENCE", "2"))
     assert not (tmp_path / "out").exists()  # nothing was written
 
 
