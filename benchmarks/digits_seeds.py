@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from runner.rundir.layout import RESULTS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -64,7 +66,7 @@ def train_once(cfg: str, seed: int, extra: list[str]) -> dict:
         wall, cpu = time.perf_counter() - t0, children_cpu_s() - cpu0
         if proc.returncode != 0:
             sys.exit(f"SEED {seed} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-        res = json.loads((out / "results.json").read_text())
+        res = json.loads((out / RESULTS).read_text())
     return {"seed": seed, "final": res["val/top1"], "best": res["best/val/top1"], "wall": wall, "cpu": cpu}
 
 

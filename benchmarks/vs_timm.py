@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from runner.rundir.layout import RESULTS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,7 +58,7 @@ def _timm(data: Path, out: Path, a: argparse.Namespace) -> list[str]:
 def _top1(which: str, out: Path) -> float:
     """The final val/top1 each tool recorded."""
     if which == "ours":
-        return float(json.loads((out / "results.json").read_text())["val/top1"])
+        return float(json.loads((out / RESULTS).read_text())["val/top1"])
     with open(out / "summary.csv") as f:
         return float(list(csv.DictReader(f))[-1]["eval_top1"])
 

@@ -30,6 +30,7 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from runner.data.shards.index import CLASS_MAP
 from runner.errors import UserError, argument_error, cli
 
 SPLITS = ("train", "val")
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         (dst / split / "index.json").write_text(json.dumps({"shards": rows}) + "\n")
         print(f"{split}: {len(samples)} samples in {len(rows)} shards under {dst / split}"
               + (f" ({len(skipped)} files skipped: not decodable images)" if skipped else ""))
-    (dst / "class_map.json").write_text(json.dumps({str(i): c for i, c in enumerate(classes)}, indent=1) + "\n")
+    (dst / CLASS_MAP).write_text(json.dumps({str(i): c for i, c in enumerate(classes)}, indent=1) + "\n")
     return 0
 
 

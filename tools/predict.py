@@ -30,6 +30,7 @@ from runner.config import build_parser, flatten, get_default_config
 from runner.data.sources import source
 from runner.errors import EXIT_USER, UserError, cli
 from runner.preflight import config_command
+from runner.rundir.layout import CLASS_MAP
 
 log = logging.getLogger("runner")
 
@@ -61,7 +62,7 @@ def class_names(meta: dict, cfg, checkpoint: str, n: int) -> list[str]:
 
     names = meta.get("class_names") or []
     ckpt = Path(checkpoint).resolve()
-    for candidate in (ckpt.parent.parent / "class_map.json", ckpt.parent / "class_map.json"):
+    for candidate in (ckpt.parent.parent / CLASS_MAP, ckpt.parent / CLASS_MAP):
         if len(names) != n and candidate.is_file():
             names = read_class_map(candidate)
     train_dir = Path(cfg.DATA.ROOT).expanduser() / "train"

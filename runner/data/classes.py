@@ -9,6 +9,7 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.fsutil import atomic_write
+from runner.rundir.layout import CLASS_MAP
 
 log = logging.getLogger("runner")
 
@@ -26,7 +27,7 @@ def check_classes(cfg: Any, class_names: Sequence[str], where: str) -> None:
 
 def write_class_map(output_dir: str | Path, classes: Sequence[str]) -> Path:
     """Write OUTPUT_DIR/class_map.json ({"0": "cat", ...}) atomically; return its path."""
-    path = Path(output_dir) / "class_map.json"
+    path = Path(output_dir) / CLASS_MAP
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps({str(i): c for i, c in enumerate(classes)}, indent=1) + "\n")
     return path
