@@ -94,6 +94,10 @@ _C.DATA.STD = (0.229, 0.224, 0.225)
 _C.DATA.BAD_FILE_BUDGET = 0.01
 # Check the dataset before training (layout, classes, readable files)
 _C.DATA.CHECK = True
+# A held-out split evaluated once, at the run's end, with best.pth (results.json's test/* and splits.test:
+# top-1/top-5, per-class accuracy, the confusion matrix); a folder's DATA.ROOT/<name>/<class>/ or the shards'
+# DATA.ROOT/<name>/index.json, e.g. "test". "" = none. tools/eval.py --split NAME evaluates one on demand
+_C.DATA.TEST_SPLIT = ""
 # Repeated augmentation (DeiT, "ResNet strikes back"): each sample appears this many times per epoch, its copies
 # in the same global batch under different random augmentations, so an epoch holds that many passes over the
 # data (DeiT's 300 epochs at 3 cost what TRAIN.EPOCHS 100 costs here). 1 = off

@@ -73,6 +73,7 @@ def inline_yaml(value: Any) -> str:
 RESUME_SAFE_KEYS = frozenset(
     ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "TRAIN.EXTEND", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
      "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.WORKER_START", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
+     "DATA.TEST_SPLIT",  # evaluated after training only: adding one to a run changes nothing it learned
      "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "MODEL.COMPILE", "MODEL.COMPILE_MODE",
      "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR",  # ACCUM_STEPS: the global batch is checked at resume
      "DATA.SHARD_URL", "DATA.SHARD_RETRIES", "DATA.RETRY_S"]  # where the same shards are read from, and how patiently

@@ -25,6 +25,7 @@ class DataBundle:
     train: ResumableLoader
     val: ResumableLoader
     class_names: list[str] = field(default_factory=list)
+    test: ResumableLoader | None = None  # DATA.TEST_SPLIT's loader, evaluated once at the run's end
 
 
 def eval_batch_size(cfg: Any) -> int:
@@ -83,6 +84,8 @@ def build_data(cfg: Any, dist: Dist) -> DataBundle:
     else:
         warn_ignored_shift(cfg)
     bundle = src.build(cfg, dist)
+    if cfg.DATA.TEST_SPLIT:  # built now: a missing or broken test split is said before training, not after it
+        bundle.test = src.build_split(cfg, dist, cfg.DATA.TEST_SPLIT)
     _log_eval_size(cfg)
     log.debug("data ready in %.2fs", time.perf_counter() - t0)
     return bundle

@@ -6,6 +6,9 @@ A source is one module and one line. The module (anywhere importable; torch only
                                                    is claimed; `fail(key, message)` raises the one-line mistake
     known_split(cfg) -> (samples, classes)         optional: the training split's size and classes known without
                                                    loading (runner/preflight.py checks the batch and classes)
+    build_split(cfg, dist, name) -> loader         optional: an evaluation loader over another split of the data
+                                                   (DATA.TEST_SPLIT, tools/eval.py --split); without it the source
+                                                   refuses DATA.TEST_SPLIT in one line
 and the line is `register("name", "package.module", ...)` below (a plugin may call `register` itself). The line
 says what the rest of the runner asks of a source instead of branching on DATA.NAME (nothing outside
 runner/data/ does): see `Source`'s fields. Importing this table imports no torch; a source's module is
@@ -51,6 +54,16 @@ class Source:
         if rules is not None:
             rules(cfg, fail, check_files, world)
 
+    def has_splits(self) -> bool:
+        """Whether the source has splits beyond train and val (a test split) that build_split can load."""
+        return hasattr(self._load(), "build_split")
+
+    def build_split(self, cfg: Any, dist: Any, split: str) -> Any:
+        """An evaluation loader over the source's split `split`; a one-line UserError for a source without one."""
+        if not self.has_splits():
+            raise UserError(no_split(self.name, split))
+        return self._load().build_split(cfg, dist, split)
+
     def known_split(self, cfg: Any) -> tuple[int, int] | None:
         """(training samples, classes) known without loading; None when only reading the data tells."""
         size = getattr(self._load(), "known_split", None)
@@ -85,6 +98,13 @@ def unknown_name(name: Any) -> tuple[str, str]:
     return f"DATA.NAME must be one of {'|'.join(known)}, got {name!r}", f"; did you mean {close[0]}?" if close else ""
 
 
+def no_split(name: str, split: str) -> str:
+    """The one line for a split asked of a source that only has train and val."""
+    with_splits = [n for n, src in SOURCES.items() if src.files]
+    return (f"DATA.NAME {name} has no {split!r} split (only train and val); a test split is read from image files: "
+            f"DATA.NAME {'|'.join(with_splits)} with DATA.ROOT/{split or 'test'}/")
+
+
 def source(name: str) -> Source:
     """The source called `name`; a one-line UserError listing the known names otherwise."""
     if name not in SOURCES:
@@ -102,4 +122,10 @@ def check_config(cfg: Any, provenance: dict[str, str] | None = None, check_files
 
     if cfg.DATA.NAME not in SOURCES:
         fail("DATA.NAME", *unknown_name(cfg.DATA.NAME))
-    SOURCES[cfg.DATA.NAME].check(cfg, fail, check_files, world)
+    src = SOURCES[cfg.DATA.NAME]
+    if cfg.DATA.TEST_SPLIT and not src.has_splits():
+        fail("DATA.TEST_SPLIT", no_split(src.name, cfg.DATA.TEST_SPLIT))
+    if cfg.DATA.TEST_SPLIT in ("train", "val"):
+        fail("DATA.TEST_SPLIT", f"DATA.TEST_SPLIT {cfg.DATA.TEST_SPLIT!r} is a split the run trains or validates "
+                                "on; name a held-out one, e.g. test")
+    src.check(cfg, fail, check_files, world)

@@ -37,6 +37,7 @@ from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Checkpointer, Hook, MetricLogger, Profiler
 from runner.engine.loop import Trainer
 from runner.engine.signals import Pause, Preemption, Stamp, StopFlag, TimeLimit, process_started
+from runner.engine.splits import SplitResults
 from runner.engine.status import RunStatus
 from runner.engine.step import CanonicalNormStats, TrainStep
 from runner.engine.watchdog import Watchdog, job_board, relay_failure
@@ -197,14 +198,17 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
                                 metrics, control, unsaved_eval=lambda: evaluator.unsaved)
     flag = StopFlag(control)
     preemption = Preemption(flag, checkpointer, profiler, cfg.PROFILE.ONLY)
-    status.evaluator, status.metrics = evaluator, metrics
+    splits = build_split_results(cfg, trainer, dist, metrics, evaluator)
+    status.evaluator, status.metrics, status.splits = evaluator, metrics, splits
     if watchdog is not None:
         evaluator.progress = watchdog.progress  # a stalled evaluation (its loader, a collective) is a hang too
+        splits.progress = watchdog.progress
         watchdog.compiled_eval = cfg.MODEL.COMPILE
     watch = [watchdog, watchdog.resumer] if watchdog is not None else [None, None]
     stamp, limit = _time_limit(cfg, flag, dist)
     pause = Pause(pause_after_epoch) if pause_after_epoch else None  # last: after the status of the epoch
-    hooks = [profiler, metrics, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, status, pause]
+    hooks = [profiler, metrics, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, splits, status,
+             pause]
     return [hook for hook in hooks if hook is not None]
 
 
@@ -216,6 +220,15 @@ def build_evaluator(cfg, trainer: Trainer, dist: Dist, metrics: MetricLogger | N
     return Evaluator(trainer.data.val, cfg.EVAL.PERIOD, dist, metrics, trainer.stepper.autocast,
                      compile_fn=compiler(cfg) if cfg.MODEL.COMPILE else None, period_steps=cfg.EVAL.PERIOD_STEPS,
                      best=Best(metric, mode), early=early)
+
+
+def build_split_results(cfg, trainer: Trainer, dist: Dist, metrics: MetricLogger, evaluator: Evaluator
+                        ) -> SplitResults:
+    """best.pth on the val split and DATA.TEST_SPLIT at the run's end (per-class results, confusion matrices)."""
+    data = trainer.data
+    loaders = {"val": data.val, **({cfg.DATA.TEST_SPLIT: data.test} if data.test is not None else {})}
+    return SplitResults(Path(cfg.OUTPUT_DIR), dist, loaders, data.class_names, trainer.stepper.autocast, metrics,
+                        best_step=lambda: evaluator.best.step)
 
 
 def _time_limit(cfg, flag: StopFlag, dist: Dist) -> tuple[Stamp | None, TimeLimit | None]:

@@ -18,12 +18,14 @@ log = logging.getLogger("runner")
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: torch.device, autocast=nullcontext,
-             progress: Callable[..., None] | None = None) -> dict[str, float]:
+             progress: Callable[..., None] | None = None, num_classes: int = 0) -> dict:
     """Top-1/top-5 (percent) and mean loss over the whole split, summed across ranks (no padding); `progress`
-    is called after each batch, and with done=True after the last (the hang watchdog's clock)."""
+    is called after each batch, and with done=True after the last (the hang watchdog's clock). With
+    `num_classes` (the model's outputs), also "confusion": counts[true][predicted], a list of rows."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(4, dtype=torch.float64, device=device)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
     loader.set_epoch(0, 0)
     for x, y in loader:
         with autocast():
@@ -35,6 +37,8 @@ def evaluate(model: nn.Module, loader, device: torch.device, autocast=nullcontex
         totals[1] += hit.any(1).sum()
         totals[2] += len(y)
         totals[3] += F.cross_entropy(out, y, reduction="sum")
+        if num_classes:  # on the device, no host sync; a product of one-hots, as bincount is not deterministic on GPUs
+            confusion += (F.one_hot(y, num_classes).T.float() @ F.one_hot(out.argmax(1), num_classes).float()).long()
         if progress is not None:
             progress()
     if progress is not None:  # waiting for slower ranks from here: the heartbeats tell whether they live
@@ -43,7 +47,10 @@ def evaluate(model: nn.Module, loader, device: torch.device, autocast=nullcontex
     c1, c5, n, loss = totals.tolist()
     model.train(was_training)
     n = max(n, 1)
-    return {"top1": 100.0 * c1 / n, "top5": 100.0 * c5 / n, "loss": loss / n, "count": int(n)}
+    res = {"top1": 100.0 * c1 / n, "top5": 100.0 * c5 / n, "loss": loss / n, "count": int(n)}
+    if num_classes:
+        res["confusion"] = distributed.all_reduce_(confusion).tolist()
+    return res
 
 
 class Evaluator(Hook):

@@ -30,6 +30,7 @@ class RunStatus(Hook):
         self.out, self.dist, self.t_start = Path(out), dist, t_start
         self.epochs, self.max_steps, self.hparams = epochs, max_steps, dict(hparams or {})
         self.evaluator, self.metrics = evaluator, metrics
+        self.splits = None  # SplitResults: best.pth on each split (results' test/* and splits), set by run_hooks
         self.claimed = False  # True once rank 0 holds the lock and has marked the folder as this run's
         self.wall_before = 0.0  # wall time of the earlier processes of this run
         self.silent_ranks = None  # set by the watchdog: () -> the ranks whose heartbeat stopped
@@ -117,6 +118,8 @@ class RunStatus(Hook):
         for k in ("val_ema/top1", "val_ema/top5"):
             if k in last:
                 results[k] = last[k]
+        if self.splits is not None:  # test/top1, test/top5, test/count and each split's per-class results
+            results.update(self.splits.results())
         if self.dist.device.type == "cuda":
             results["mem_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
             results["mem_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20

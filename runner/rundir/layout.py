@@ -24,6 +24,7 @@ BEST = "best.pth"
 HANG = "hang"  # each live rank's stacks when a job hung
 PROFILE = "profile"  # PROFILE.* traces
 KEPT_RESULTS_GLOB = "results-step*.json"  # a finished run's results.json, kept when the run is trained on
+CONFUSION_GLOB = "confusion_*.png"  # best.pth's confusion matrix on each split, drawn at the run's end
 
 # checkpoints/step_<8 digits>.pth: ordered by name (the step), never by modification time
 STEP_RE = re.compile(r"^step_(\d+)\.pth$")
@@ -47,3 +48,8 @@ def path(out: str | os.PathLike, name: str) -> Path:
 def checkpoints(out: str | os.PathLike) -> Path:
     """OUTPUT_DIR/checkpoints."""
     return Path(out) / CHECKPOINTS
+
+
+def confusion_name(split: str) -> str:
+    """The file name of best.pth's confusion matrix on `split` (confusion_val.png, confusion_test.png)."""
+    return f"confusion_{split}.png"

@@ -39,6 +39,9 @@ class Sink:
     def end_progress(self) -> None:
         """Training stopped (done or not): what the sink draws on the terminal ends, lines follow below it."""
 
+    def image(self, tag: str, image: Any, step: int) -> None:
+        """Record a picture (a PIL image, e.g. a confusion matrix) at `step`; sinks without pictures skip it."""
+
     def finish(self, hparams: dict, metrics: dict) -> None:
         """The run completed: its HParams keys and values, and its final metrics (results.json's)."""
 

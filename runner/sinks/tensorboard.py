@@ -82,6 +82,12 @@ class TensorBoardSink(Sink):
             if not k.endswith(NOT_PLOTTED):
                 self.tb.add_scalar(k, v, step)
 
+    def image(self, tag: str, image, step: int) -> None:
+        """A PIL image in the Images tab at `step`."""
+        import numpy as np
+
+        self.tb.add_image(tag, np.asarray(image.convert("RGB")), step, dataformats="HWC")
+
     def flush(self) -> None:
         """Put every scalar written so far into the event file."""
         self.tb.flush()

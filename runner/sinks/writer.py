@@ -44,6 +44,13 @@ class MetricWriter:
         for sink in self.sinks:
             sink.end_progress()
 
+    def image(self, tag: str, image, step: int) -> None:
+        """Record a picture (a PIL image) at `step` in every sink that shows pictures (TensorBoard)."""
+        for sink in self.sinks:
+            draw = getattr(sink, "image", None)  # a sink written before pictures existed has no such method
+            if draw is not None:
+                draw(tag, image, step)
+
     def hparams(self, hparams: dict, metrics: dict) -> None:
         """The run completed: its HParams keys and final metrics to every sink (TensorBoard's HParams tab, the
         trackers' summaries)."""

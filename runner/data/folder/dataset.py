@@ -16,7 +16,16 @@ from torchvision import transforms
 
 from runner.data.classes import check_classes
 from runner.data.folder.decode import DECODE_ERRORS, open_image, speed_up
-from runner.data.folder.scan import CHECK_TOOL, SPLITS, FolderIndex, check_budget, scan_folder
+from runner.data.folder.scan import (
+    CHECK_TOOL,
+    MAX_WARNINGS,
+    SPLITS,
+    FolderIndex,
+    check_budget,
+    class_dirs,
+    scan_folder,
+    scan_split,
+)
 from runner.errors import UserError
 
 logger = logging.getLogger("runner")
@@ -196,6 +205,24 @@ def build_folder_datasets(cfg: Any, index: FolderIndex | None = None
                               budget=cfg.DATA.BAD_FILE_BUDGET, known_bad=index.n_bad(split), split=split)
                 for split in SPLITS]
     return datasets[0], datasets[1], list(index.classes)
+
+
+def build_split_dataset(cfg: Any, split: str) -> FolderDataset:
+    """An evaluation dataset over the held-out DATA.ROOT/<split>/ (DATA.TEST_SPLIT, tools/eval.py --split), its
+    classes indexed as training's; bad files skipped within DATA.BAD_FILE_BUDGET, as the val split's."""
+    from pathlib import Path
+
+    classes = [d.name for d in class_dirs(Path(cfg.DATA.ROOT).expanduser() / "train")]
+    good, bad = scan_split(cfg, split, classes)
+    n_all, budget = len(good) + len(bad), cfg.DATA.BAD_FILE_BUDGET
+    if len(bad) > budget * n_all:
+        raise UserError(f"{len(bad)} of {n_all} {split} image files are unreadable, over DATA.BAD_FILE_BUDGET "
+                        f"{budget:.2%}; first: {bad[0][0]} ({bad[0][1]}); {CHECK_TOOL} lists the train and val ones")
+    for path, reason in bad[:MAX_WARNINGS]:
+        logger.warning("skipping bad image %s: %s", path, reason)
+    logger.info("%s: %d images in %d classes (%d skipped)", split, len(good), len({t for _, t in good}), len(bad))
+    return FolderDataset(good, build_transform(cfg, is_training=False), budget=budget, known_bad=len(bad),
+                         split=split)
 
 
 def log_found(index: FolderIndex) -> None:

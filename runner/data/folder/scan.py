@@ -246,3 +246,24 @@ def check_budget(index: FolderIndex, cfg: Any) -> None:
     if len(index.bad) > MAX_WARNINGS:
         logger.warning("... and %d more bad images skipped (%s lists them all)",
                        len(index.bad) - MAX_WARNINGS, CHECK_TOOL)
+
+
+def scan_split(cfg: Any, split: str, classes: list[str]) -> tuple[list[tuple[str, int]], list[tuple[str, str]]]:
+    """(usable (path, class index) pairs, (path, reason) of bad files) of a held-out split DATA.ROOT/<split>/ whose
+    class folders are among the training `classes` (a class may be missing there, not new)."""
+    split_dir = Path(cfg.DATA.ROOT).expanduser() / split
+    if not split_dir.is_dir():
+        raise UserError(f"missing split folder {split_dir}: expected DATA.ROOT/{split}/<class>/<images>")
+    dirs = class_dirs(split_dir)
+    unknown = [d.name for d in dirs if d.name not in classes]
+    if unknown:
+        raise UserError(f"class folders in {split_dir} the training split does not have: {', '.join(unknown[:5])}"
+                        f"{' ...' if len(unknown) > 5 else ''} (the model has no output for them)")
+    to_idx = {c: i for i, c in enumerate(classes)}
+    flat = [(p, to_idx[d.name]) for d in dirs for p in sorted(_walk_class(d).values())]
+    if not flat:
+        raise UserError(f"empty split {split_dir}: no class folder with images ({'/'.join(IMG_EXTENSIONS)}) inside")
+    reasons = _check_all([p for p, _ in flat]) if cfg.DATA.CHECK else [None] * len(flat)
+    good = [pair for pair, reason in zip(flat, reasons, strict=True) if reason is None]
+    bad = [(pair[0], reason) for pair, reason in zip(flat, reasons, strict=True) if reason is not None]
+    return good, bad

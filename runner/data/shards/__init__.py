@@ -8,7 +8,8 @@ from typing import Any
 
 from runner.data.shards.index import CLASS_MAP, INDEX, ShardSplit, check_source, read_classes, read_index
 
-__all__ = ["CLASS_MAP", "INDEX", "ShardSplit", "build_shards", "check_source", "read_classes", "read_index"]
+__all__ = ["CLASS_MAP", "INDEX", "ShardSplit", "build_shard_split", "build_shards", "check_source", "read_classes",
+           "read_index"]
 
 
 def build_shards(cfg: Any, dist: Any, eval_batch: int) -> tuple[Any, Any, list[str]]:
@@ -33,3 +34,16 @@ def build_shards(cfg: Any, dist: Any, eval_batch: int) -> tuple[Any, Any, list[s
     loaders = [ToDevice(ShardLoader(parts, workers, d.PREFETCH_FACTOR, options), dist.device,
                         cfg.MODEL.CHANNELS_LAST) for parts in (train, val)]
     return loaders[0], loaders[1], names
+
+
+def build_shard_split(cfg: Any, dist: Any, split: str, eval_batch: int) -> Any:
+    """An evaluation loader over DATA.ROOT/<split>/'s shards (the test split), each sample once."""
+    from runner.data.folder import build_transform
+    from runner.data.loaders import ToDevice, default_workers, worker_options
+    from runner.data.shards.stream import Decoder, Patience, ShardLoader, ValParts
+
+    d, names, shards, workers = cfg.DATA, read_classes(cfg), read_index(cfg, split), default_workers(cfg, dist)
+    decoder = Decoder(build_transform(cfg, False), len(names), shards.total, d.BAD_FILE_BUDGET, split)
+    parts = ValParts(shards, decoder, dist, eval_batch, Patience(d.SHARD_RETRIES, d.RETRY_S))
+    options = worker_options(cfg, parts) if workers else {}
+    return ToDevice(ShardLoader(parts, workers, d.PREFETCH_FACTOR, options), dist.device, cfg.MODEL.CHANNELS_LAST)

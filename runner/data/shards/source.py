@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.data.shards.index import check_source
+from runner.data.shards.index import INDEX, check_local_files, check_source, read_index, split_url
 from runner.errors import UserError
 
 
@@ -25,6 +25,8 @@ def check(cfg: Any, fail: Any, check_files: bool, world: int) -> None:
     if check_files:
         try:
             check_source(cfg, world)
+            if d.TEST_SPLIT:
+                check_local_files(read_index(cfg, d.TEST_SPLIT), split_url(d.ROOT, d.TEST_SPLIT, INDEX))
         except UserError as e:
             fail("DATA.ROOT", str(e))
 
@@ -35,3 +37,11 @@ def build(cfg: Any, dist: Any) -> Any:
     from runner.data.shards import build_shards
 
     return DataBundle(*build_shards(cfg, dist, eval_batch_size(cfg)))
+
+
+def build_split(cfg: Any, dist: Any, split: str) -> Any:
+    """An evaluation loader over DATA.ROOT/<split>/'s shards (the test split)."""
+    from runner.data.build import eval_batch_size
+    from runner.data.shards import build_shard_split
+
+    return build_shard_split(cfg, dist, split, eval_batch_size(cfg))
