@@ -20,6 +20,13 @@ _C.OUTPUT_DIR = ""
 _C.SEED = 0
 # Where to run: auto (cuda when available) | cpu | cuda
 _C.DEVICE = "auto"
+# The user's own code, imported by every tool's opening (on every rank) before the config is checked or anything
+# is built: module names (installed or on PYTHONPATH) or .py file paths ("~" expanded; relative to the current
+# folder), e.g. [my_models, ~/code/my_source.py]. What they register counts: timm models (@register_model), data
+# sources (runner.data.sources.register), sinks (runner.sinks.catalog.SINKS), LR schedules
+# (runner.optim.register_schedule). env.txt names each file with its sha256; a resume refuses another list and
+# warns when a file changed
+_C.IMPORTS = ()
 
 # ---------------------------------------------------------------------------------------------------------
 # Model
@@ -66,6 +73,12 @@ _C.DATA.NAME = "digits"
 _C.DATA.ROOT = ""
 # Side of the square input images, in pixels
 _C.DATA.IMG_SIZE = 32
+# Progressive resizing (FFCV, Composer): the training size by epoch, [[start, size], ...] with starts increasing
+# from 0, each a fraction of TRAIN.EPOCHS (all below 1: [[0, 128], [0.5, 160], [0.9, 192]]; epoch
+# floor(f x EPOCHS) on) or a whole epoch count (all whole: [[0, 128], [5, 160]]: after 5 epochs, 160). Each
+# training batch is resized (bilinear, antialiased when shrinking) from DATA.IMG_SIZE to its epoch's size on the
+# device; evaluation keeps EVAL.IMG_SIZE or DATA.IMG_SIZE. [] = always DATA.IMG_SIZE
+_C.DATA.IMG_SIZE_SCHEDULE = ()
 # Training batch size per process (the global batch is this x world size x ACCUM_STEPS)
 _C.DATA.BATCH_SIZE = 64
 # Evaluation batch size per process; 0 = 2 x BATCH_SIZE

@@ -16,6 +16,7 @@ import yaml
 from yacs.config import CfgNode as CN
 
 from runner.config.defaults import _C, get_default_config
+from runner.config.imports import import_user_code
 from runner.config.io import (
     Entry,
     apply_entries,
@@ -129,6 +130,8 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
         cfg.OUTPUT_DIR = default_output_dir(info.files, info.overrides)
         info.provenance["OUTPUT_DIR"] = "derived from the --cfg file path and the overrides"
     expand_paths(cfg)
+    # the user's modules register models, sources, sinks and schedules that validation must know
+    import_user_code(cfg.IMPORTS, info.provenance.get("IMPORTS", "default"))
     validate(cfg, info.provenance, check_files=check_paths and not info.showing)
     cfg.freeze()
     return cfg, info

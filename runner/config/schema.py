@@ -376,9 +376,53 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
         fail("MODEL.CHECKPOINT", f"MODEL.CHECKPOINT {cfg.MODEL.CHECKPOINT!r} is not a file")
     _validate_distill(cfg, fail, check_files)
     _validate_best(cfg, fail)
+    problem = img_size_schedule_problem(cfg.DATA.IMG_SIZE_SCHEDULE)
+    if problem is not None:
+        fail("DATA.IMG_SIZE_SCHEDULE", f"DATA.IMG_SIZE_SCHEDULE {problem}, got "
+                                       f"{inline_yaml(cfg.DATA.IMG_SIZE_SCHEDULE)}")
     if parse_time_limit(cfg.TRAIN.TIME_LIMIT) is None:
         fail("TRAIN.TIME_LIMIT", f"TRAIN.TIME_LIMIT {cfg.TRAIN.TIME_LIMIT!r} is not a duration: write seconds "
                                  "(3600) or H:MM:SS (1:00:00), or '' for none")
+
+
+def img_size_schedule_problem(schedule: Any) -> str | None:
+    """What is wrong with a DATA.IMG_SIZE_SCHEDULE ([[start, size], ...]), or None."""
+    pairs = list(schedule)
+    if not pairs:
+        return None
+    if not all(isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_number(v) for v in p) for p in pairs):
+        return "must be a list of [start, size] pairs of numbers, e.g. [[0, 128], [0.5, 160], [0.9, 192]]"
+    starts, sizes = [p[0] for p in pairs], [p[1] for p in pairs]
+    if any(not float(v).is_integer() or v <= 0 for v in sizes):
+        return "sizes must be whole numbers of pixels above 0"
+    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
+        return "starts must increase from 0 (the first size is the first epoch's)"
+    if max(starts) >= 1 and not all(float(v).is_integer() for v in starts):
+        return ("starts are all fractions of TRAIN.EPOCHS (below 1) or all whole epoch counts: a mix is "
+                "ambiguous (write 0.5 or 5, not both kinds)")
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def train_img_size(cfg: CN, epoch: int) -> int:
+    """The training image size of (0-based) `epoch`: DATA.IMG_SIZE_SCHEDULE's, DATA.IMG_SIZE without one.
+
+    Starts below 1 are fractions of TRAIN.EPOCHS (epoch floor(f x EPOCHS) on, so they follow an extended run),
+    whole starts are epochs; a pure function of the config and the epoch, so a resume, another number of
+    processes or a longer run find the same size for the epochs they share.
+    """
+    size = cfg.DATA.IMG_SIZE
+    pairs = list(cfg.DATA.IMG_SIZE_SCHEDULE)
+    fractions = bool(pairs) and max(p[0] for p in pairs) < 1
+    for start, side in pairs:
+        first = math.floor(start * cfg.TRAIN.EPOCHS + 1e-9) if fractions else int(start)
+        if epoch >= first:
+            size = int(side)
+    return size
 
 
 def _validate_distill(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:

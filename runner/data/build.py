@@ -86,6 +86,10 @@ def build_data(cfg: Any, dist: Dist) -> DataBundle:
     bundle = src.build(cfg, dist)
     if cfg.DATA.TEST_SPLIT:  # built now: a missing or broken test split is said before training, not after it
         bundle.test = src.build_split(cfg, dist, cfg.DATA.TEST_SPLIT)
+    if cfg.DATA.IMG_SIZE_SCHEDULE:  # the source said it can (sources.check_config)
+        from runner.data.resize import ResizedLoader
+
+        bundle.train = ResizedLoader(bundle.train, cfg)
     _log_eval_size(cfg)
     log.debug("data ready in %.2fs", time.perf_counter() - t0)
     return bundle

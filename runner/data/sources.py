@@ -39,6 +39,8 @@ class Source:
     # and tools/check_data.py reads them all
     run_class_map: bool = False  # the claim writes OUTPUT_DIR/class_map.json (class names from DATA.ROOT's folders)
     in_process: bool = False  # tensors made in the training process: no DataLoader, so no workers to tune
+    resizes: bool = True  # its training batches are square image tensors that DATA.IMG_SIZE_SCHEDULE may resize
+    # (runner/data/resize.py, on the device: every built-in source); False refuses the key in one line
 
     def _load(self) -> ModuleType:
         """The source's module, imported now."""
@@ -123,6 +125,9 @@ def check_config(cfg: Any, provenance: dict[str, str] | None = None, check_files
     if cfg.DATA.NAME not in SOURCES:
         fail("DATA.NAME", *unknown_name(cfg.DATA.NAME))
     src = SOURCES[cfg.DATA.NAME]
+    if cfg.DATA.IMG_SIZE_SCHEDULE and not src.resizes:
+        fail("DATA.IMG_SIZE_SCHEDULE", f"DATA.NAME {src.name} cannot resize its training batches, so it takes no "
+                                       "DATA.IMG_SIZE_SCHEDULE (its source says resizes=False); remove the key")
     if cfg.DATA.TEST_SPLIT and not src.has_splits():
         fail("DATA.TEST_SPLIT", no_split(src.name, cfg.DATA.TEST_SPLIT))
     if cfg.DATA.TEST_SPLIT in ("train", "val"):

@@ -198,6 +198,7 @@ def write_run_files(cfg, dist: Dist, class_names: list[str]) -> None:
     dev = dist.device
     # asking every GPU for free memory would create a CUDA context on each of them for the whole run
     env_text = format_env(collect_env(free_mem_devices=[dev.index or 0] if dev.type == "cuda" else []))
+    env_text += _user_code(cfg, out / ENV)
     atomic_write(out / ENV, env_text)
     for line in env_text.splitlines()[:4]:
         log.info("env: %s", line)
@@ -206,3 +207,22 @@ def write_run_files(cfg, dist: Dist, class_names: list[str]) -> None:
 
         write_class_map(out, class_names)
     write_status(out, RUNNING)
+
+
+def _user_code(cfg, env_path: Path) -> str:
+    """env.txt's IMPORTS lines; a warning for each file that changed since the run's last env.txt.
+
+    A changed list is refused like any run-changing key; edited code under the same list is only warned about:
+    the checkpoint still loads, and a fix to the user's own module is a reason to resume."""
+    from runner.config.imports import imported_files
+    from runner.rundir.envinfo import changed_imports, format_imports
+
+    records = imported_files(cfg.IMPORTS)
+    try:
+        old = env_path.read_text()
+    except OSError:
+        old = ""
+    for change in changed_imports(old, records):
+        log.warning("IMPORTS: %s changed since this run's last start: the resumed run runs the new code", change)
+    return format_imports(records)
+

@@ -170,6 +170,9 @@ class MetricLogger(Hook):
         scalars = {"train/loss": mean_loss, "train/lr": trainer.stepper.optimizer.param_groups[0]["lr"],
                    "train/img_per_s": images * world / max(dt, 1e-9),
                    "train/data_wait_frac": (trainer.data_wait - wait0) / max(dt, 1e-9)}
+        size = getattr(trainer.loader, "img_size", None)  # DATA.IMG_SIZE_SCHEDULE's (runner/data/resize.py)
+        if size is not None:
+            scalars["train/img_size"] = size
         if self.dist.device.type == "cuda":
             scalars["train/mem_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
             scalars["train/mem_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20

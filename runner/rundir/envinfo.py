@@ -225,3 +225,36 @@ def _yes_no(value: Any) -> str:
 def _on_off(value: Any) -> str:
     """'on'/'off' for a setting."""
     return "on" if value else "off"
+
+
+IMPORTS_HEADER = "IMPORTS (file, sha256):"
+
+
+def format_imports(records: list[tuple[str, str, str]]) -> str:
+    """env.txt's lines for the user's imported code: each IMPORTS entry, the file it ran and that file's sha256."""
+    if not records:
+        return ""
+    lines = [IMPORTS_HEADER] + [f"  {entry}  {path or '(no file)'}  {digest or '-'}" for entry, path, digest in records]
+    return "\n".join(lines) + "\n"
+
+
+def _imports_in(env_text: str) -> dict[str, str]:
+    """entry -> sha256 from the IMPORTS lines of an env.txt's text."""
+    found, inside = {}, False
+    for line in env_text.splitlines():
+        if line == IMPORTS_HEADER:
+            inside = True
+        elif inside and line.startswith("  "):
+            parts = line.split()
+            if len(parts) >= 3:
+                found[parts[0]] = parts[-1]
+        else:
+            inside = False
+    return found
+
+
+def changed_imports(old_env_text: str, records: list[tuple[str, str, str]]) -> list[str]:
+    """The entries whose file changed since an earlier env.txt (a resume runs the edited code: said, not refused)."""
+    before = _imports_in(old_env_text)
+    return [f"{entry} ({path}: sha256 {before[entry][:12]} -> {digest[:12]})" for entry, path, digest in records
+            if entry in before and before[entry] != digest]

@@ -30,7 +30,7 @@ CHAIN = Path(__file__).resolve().parents[2] / "configs" / "test" / "chain"
 def test_one_flatten_for_configs_and_plain_mappings():
     cfg = get_default_config()
     flat = flatten(cfg)
-    assert list(flat)[:4] == ["OUTPUT_DIR", "SEED", "DEVICE", "MODEL.NAME"]  # definition order
+    assert list(flat)[:4] == ["OUTPUT_DIR", "SEED", "DEVICE", "IMPORTS"]  # definition order
     assert flat["DATA.MEAN"] == (0.485, 0.456, 0.406) and flat["AMP.ENABLED"] is False  # values as they are
     assert not any(isinstance(v, dict) for v in flat.values())
     # a dumped config read back as plain dicts (as tools/summarize.py reads config.yaml) gives the same keys
