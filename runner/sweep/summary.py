@@ -24,8 +24,10 @@ from runner.rundir.reader import ACTIVE_S, find_runs
 IGNORED_KEYS = {"OUTPUT_DIR"}
 # best/*: the values of the best evaluation by CHECKPOINT.BEST_METRIC (by default the highest top-1; best/val/top5 is
 # the top-5 at it)
-RESULT_COLUMNS = ("status", "val/top1", "best/val/top1", "val/top5", "best/val/top5", "epoch", "wall_s",
-                  "train/img_per_s", "note")
+RESULT_COLUMNS = ("status", "val/top1", "best/val/top1", "val/top5", "best/val/top5", "test/top1", "epoch",
+                  "wall_s", "train/img_per_s", "note")
+# a column only when some run has a value: test/top1 is best.pth's top-1 on DATA.TEST_SPLIT
+OPTIONAL_COLUMNS = ("test/top1",)
 DEFAULT_SORT = "best/val/top1"
 _CONFIG_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)*$")
 
@@ -178,7 +180,12 @@ def summarize(root: Path, active_s: float = ACTIVE_S) -> list[dict[str, Any]]:
     runs = [summarize_run(folder, root, now, active_s) for folder in find_runs(root)]
     # a key that one run changed becomes a column, with every run's value in it (the default included)
     keys = sorted({k for run in runs if run.config is not None for k in changed_keys(run.config)})
-    return [run.row(keys) for run in runs]
+    rows = [run.row(keys) for run in runs]
+    for column in OPTIONAL_COLUMNS:
+        if all(row[column] is None for row in rows):
+            for row in rows:
+                del row[column]
+    return rows
 
 
 def sort_rows(rows: list[dict[str, Any]], key: str = DEFAULT_SORT, descending: bool = True) -> list[dict]:
