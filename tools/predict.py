@@ -2,12 +2,22 @@
 """Classify image files with saved weights: the top-5 class names with probabilities for each image.
 
     python tools/predict.py --cfg output/run/config.yaml MODEL.CHECKPOINT output/run/checkpoints/best.pth a.jpg b.png
+    python tools/predict.py --cfg output/run/config.yaml MODEL.CHECKPOINT output/run/checkpoints/best.pth \
+        photos/ --output preds.csv [--topk 3] [--tta flip] [--force]
 
-Any image file PIL reads (any size; grayscale, RGBA and palette images are converted) goes through the
-config's eval transform. Class names come from the checkpoint's "class_names", else the class_map.json of
-the checkpoint's run (OUTPUT_DIR/class_map.json beside OUTPUT_DIR/checkpoints/), else the class folders
-of DATA.ROOT/train, else the class indices. An image that cannot be read is one `error:` line on stderr and
-exit code 2; every other image is still predicted.
+Each argument is an image file or a folder, whose image files (.jpg .jpeg .png .bmp .webp, in sub-folders too,
+hidden ones skipped) are classified in name order. Any image file PIL reads (any size; grayscale, RGBA and palette
+images are converted) goes through the config's eval transform, in batches of DATA.EVAL_BATCH_SIZE (0: twice
+DATA.BATCH_SIZE) read by DATA.NUM_WORKERS loader workers, with a progress bar on a terminal (LOG.PROGRESS).
+--tta flip averages the probabilities of each image and its mirror image. Class names come from the checkpoint's
+"class_names", else the class_map.json of the checkpoint's run (OUTPUT_DIR/class_map.json beside
+OUTPUT_DIR/checkpoints/), else the class folders of DATA.ROOT/train, else the class indices.
+
+Without --output: a table (or one JSON object with --json) on stdout. --output FILE.csv writes a header and one
+row per image (image, class_1, prob_1, ..., class_k, prob_k); FILE.jsonl one JSON object per image ({"image",
+"top": [{"class", "index", "prob"}, ...]}). An existing file is refused unless --force.
+An image that cannot be read is one `error:` line on stderr, left out of the output, and exit code 2; every
+other image is still predicted.
 """
 from __future__ import annotations
 
@@ -74,30 +84,44 @@ def class_names(meta: dict, cfg, checkpoint: str, n: int) -> list[str]:
     return [str(x) for x in names]
 
 
-def load_input(path: str, transform) -> torch.Tensor:
-    """One image file through the eval transform; UserError naming the file when it cannot be read."""
-    from runner.data.folder import DECODE_ERRORS, open_image
+OUTPUT_FORMATS = (".csv", ".jsonl")
 
-    p = Path(path)
-    if p.is_dir():
-        raise UserError(f"image {path} is a folder; give image files, e.g. {p / '*.jpg'}")
-    if p.is_symlink() and not p.exists():
-        raise UserError(f"image {path} is a broken symbolic link (to {os.readlink(p)}, which does not exist)")
-    if not p.is_file():
-        raise UserError(f"image {path} does not exist")
-    try:
-        return transform(open_image(path))
-    except DECODE_ERRORS as e:
-        raise UserError(f"image {path} cannot be read as an image ({type(e).__name__}: {e})") from None
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The tool's own options, beside the config arguments."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--topk", type=int, default=5, help="classes shown per image (default 5)")
+    parser.add_argument("--output", metavar="FILE", default="",
+                        help="write the predictions to FILE.csv or FILE.jsonl (one row per image) instead of stdout")
+    parser.add_argument("--force", action="store_true", help="with --output: replace an existing file")
+    parser.add_argument("--tta", choices=("none", "flip"), default="none",
+                        help="test-time augmentation: flip averages each image's and its mirror image's softmax")
+
+
+def check_args(args: argparse.Namespace, images: list[str]) -> None:
+    """The tool's own mistakes, each one line, before the model is loaded."""
+    if args.topk < 1:
+        raise UserError(f"--topk {args.topk}: give a number of classes >= 1")
+    if not images:
+        raise UserError("no image given: add one or more image files or folders after the config arguments")
+    if not args.output:
+        return
+    if args.json:
+        raise UserError("--json prints to stdout and --output writes a file: give one of them")
+    if not args.output.endswith(OUTPUT_FORMATS):
+        raise UserError(f"--output {args.output}: the file's extension says its format; use "
+                        f"{' or '.join(OUTPUT_FORMATS)}")
+    if os.path.lexists(args.output) and not args.force:
+        raise UserError(f"--output {args.output} exists: add --force to replace it, or choose another name")
 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
-    """Load the model and weights, classify each image, print the top-5 (or JSON with --json)."""
+    """Load the model and weights, classify each image, print the top-k or write them to --output."""
     parser = build_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                          usage="%(prog)s --cfg FILE MODEL.CHECKPOINT PATH [KEY VALUE ...] IMAGE [IMAGE ...]")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--topk", type=int, default=5, help="classes shown per image (default 5)")
+                          usage="%(prog)s --cfg FILE MODEL.CHECKPOINT PATH [KEY VALUE ...] [--output FILE] "
+                                "IMAGE_OR_FOLDER [...]")
+    add_options(parser)
     rest, images = split_images(sys.argv[1:] if argv is None else list(argv), parser)
     loaded = config_command(rest, parser)
     if loaded is None:
@@ -105,11 +129,28 @@ def main(argv: list[str] | None = None) -> int:
     cfg, info = loaded
     if not cfg.MODEL.CHECKPOINT:
         raise UserError("tools/predict.py needs weights: add MODEL.CHECKPOINT path/to/checkpoint.pth")
-    if info.args.topk < 1:
-        raise UserError(f"--topk {info.args.topk}: give a number of classes >= 1")
-    if not images:
-        raise UserError("no image given: add one or more image paths after the config arguments")
-    from runner.data.folder import build_transform
+    args = info.args
+    check_args(args, images)
+    from runner.data.folder import IMG_EXTENSIONS, expand_images
+
+    files = expand_images(images)
+    if not files:
+        raise UserError(f"no image file ({'/'.join(IMG_EXTENSIONS)}) in {', '.join(images)}")
+    model, meta, device = load_model(cfg)
+    results, errors = classify(cfg, model, device, files, args,
+                               lambda n: class_names(meta, cfg, cfg.MODEL.CHECKPOINT, n))
+    if args.output:
+        write_output(args.output, results, errors)
+    elif args.json:
+        print(json.dumps({"checkpoint": cfg.MODEL.CHECKPOINT, "predictions": results,
+                          "errors": [{"image": path, "error": line} for path, line in errors]}))
+    else:
+        print_table(results)
+    return EXIT_USER if errors else 0
+
+
+def load_model(cfg) -> tuple[torch.nn.Module, dict, torch.device]:
+    """The model with MODEL.CHECKPOINT's weights, in eval mode on its device, and the checkpoint's other fields."""
     from runner.model import build_model, load_weights
 
     bare = cfg.clone()
@@ -120,40 +161,78 @@ def main(argv: list[str] | None = None) -> int:
     meta = load_weights(model, cfg.MODEL.CHECKPOINT, allow_new_head=False)  # a new head would predict noise
     use_cuda = cfg.DEVICE == "cuda" or (cfg.DEVICE == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
-    model.to(device).eval()
-    inputs, good, errors = load_inputs(images, build_transform(cfg, is_training=False))
-    results = predict(model, torch.stack(inputs).to(device), good, info.args.topk,
-                      lambda n: class_names(meta, cfg, cfg.MODEL.CHECKPOINT, n)) if inputs else []
-    if info.args.json:
-        print(json.dumps({"checkpoint": cfg.MODEL.CHECKPOINT, "predictions": results,
-                          "errors": [{"image": path, "error": line} for path, line in errors]}))
-    else:
-        print_table(results)
-    return EXIT_USER if errors else 0
+    return model.to(device).eval(), meta, device
 
 
-def load_inputs(images: list[str], transform) -> tuple[list[torch.Tensor], list[str], list[tuple[str, str]]]:
-    """(tensors, their paths, (path, line) of each image that cannot be read); each bad one is one stderr line."""
-    inputs, good, errors = [], [], []
-    for path in images:
-        try:
-            inputs.append(load_input(path, transform))
-            good.append(path)
-        except UserError as e:  # the others are still predicted; the exit code says that one was not
-            errors.append((path, str(e)))
-            print(f"error: {e}", file=sys.stderr, flush=True)
-    return inputs, good, errors
+def image_loader(cfg, files: list[str]) -> torch.utils.data.DataLoader:
+    """Batches of the files in order, decoded by DATA.NUM_WORKERS workers (as training's loaders start them)."""
+    from runner.data.build import eval_batch_size
+    from runner.data.folder import ImageFiles, build_transform, collate_files
+    from runner.data.loaders import default_workers, worker_options
+
+    dataset = ImageFiles(files, build_transform(cfg, is_training=False))
+    workers = default_workers(cfg, None)
+    return torch.utils.data.DataLoader(dataset, batch_size=eval_batch_size(cfg), num_workers=workers,
+                                       collate_fn=collate_files, **(worker_options(cfg, dataset) if workers else {}))
 
 
-def predict(model, batch: torch.Tensor, paths: list[str], topk: int, names_for) -> list[dict]:
-    """The top-k classes with probabilities of each image of `batch`."""
+def classify(cfg, model, device: torch.device, files: list[str], args: argparse.Namespace,
+             names_for) -> tuple[list[dict], list[tuple[str, str]]]:
+    """(the top-k of each readable file, in order; (path, line) of each unreadable one, said on stderr as met)."""
+    from tqdm import tqdm
+
+    shown = cfg.LOG.PROGRESS == "bar" or (cfg.LOG.PROGRESS == "auto" and sys.stdout.isatty())
+    results, errors = [], []
+    with tqdm(total=len(files), unit="img", dynamic_ncols=True, disable=not shown) as bar:
+        for indices, batch, bad in image_loader(cfg, files):
+            for i, line in bad:  # the others are still predicted; the exit code says that one was not
+                errors.append((files[i], line))
+                bar.write(f"error: {line}", file=sys.stderr)
+            if batch is not None:
+                results += predict(model, batch.to(device), [files[i] for i in indices], args.topk, names_for,
+                                   flip=args.tta == "flip")
+            bar.update(len(indices) + len(bad))
+    sys.stderr.flush()
+    return results, errors
+
+
+def predict(model, batch: torch.Tensor, paths: list[str], topk: int, names_for, flip: bool = False) -> list[dict]:
+    """The top-k classes with probabilities of each image of `batch`; with `flip`, the mean softmax of the image
+    and its horizontal mirror."""
     with torch.inference_mode():
-        probs = model(batch).float().softmax(dim=1).cpu()
+        probs = model(batch).float().softmax(dim=1)
+        if flip:
+            probs = (probs + model(batch.flip(-1)).float().softmax(dim=1)) / 2
+    probs = probs.cpu()
     names = names_for(probs.shape[1])
     top_p, top_i = probs.topk(min(topk, probs.shape[1]), dim=1)
     return [{"image": path, "top": [{"class": names[i], "index": int(i), "prob": round(float(p), 6)}
                                     for p, i in zip(ps.tolist(), idx.tolist(), strict=True)]}
             for path, ps, idx in zip(paths, top_p, top_i, strict=True)]
+
+
+def write_output(path: str, results: list[dict], errors: list[tuple[str, str]]) -> None:
+    """The predictions as CSV or JSONL, written whole or not at all; one line on stdout says where."""
+    from runner.fsutil import atomic_write
+
+    atomic_write(path, csv_text(results) if path.endswith(".csv") else "".join(
+        json.dumps(r) + "\n" for r in results))
+    skipped = f"; {len(errors)} unreadable image{'s' if len(errors) != 1 else ''} skipped" if errors else ""
+    print(f"wrote {len(results)} predictions to {path}{skipped}", flush=True)
+
+
+def csv_text(results: list[dict]) -> str:
+    """A header and one row per image: image, then class_r and prob_r for each rank r of its top-k."""
+    import csv
+    import io
+
+    k = max((len(r["top"]) for r in results), default=0)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["image"] + [f"{c}_{r}" for r in range(1, k + 1) for c in ("class", "prob")])
+    for r in results:
+        writer.writerow([r["image"]] + [v for t in r["top"] for v in (t["class"], t["prob"])])
+    return buffer.getvalue()
 
 
 def print_table(results: list[dict]) -> None:

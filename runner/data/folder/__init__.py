@@ -12,7 +12,8 @@ _HOME = {  # public name -> the module of this package that defines it
                      "timm_transform"], "dataset"),
     **dict.fromkeys(["DECODE_ERRORS", "open_image", "speed_up"], "decode"),
     **dict.fromkeys(["IMG_EXTENSIONS", "MAX_WARNINGS", "SPLITS", "FolderIndex", "check_budget", "check_file",
-                     "class_dirs", "scan_folder"], "scan"),
+                     "class_dirs", "image_files", "scan_folder"], "scan"),
+    **dict.fromkeys(["ImageFiles", "collate_files", "expand_images", "read_image"], "files"),
 }
 __all__ = sorted(_HOME)
 

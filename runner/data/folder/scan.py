@@ -267,3 +267,8 @@ def scan_split(cfg: Any, split: str, classes: list[str]) -> tuple[list[tuple[str
     good = [pair for pair, reason in zip(flat, reasons, strict=True) if reason is None]
     bad = [(pair[0], reason) for pair, reason in zip(flat, reasons, strict=True) if reason is not None]
     return good, bad
+
+
+def image_files(folder: Path) -> list[str]:
+    """The image files under `folder`, recursively, sorted by path (links followed once, hidden entries skipped)."""
+    return sorted(_walk_class(folder).values())
