@@ -1,5 +1,6 @@
 """The configuration: defaults.py (every key), schema.py (what each accepts), io.py (text in and out),
-loader.py (argv, files, overrides, provenance). Imports run one way: defaults <- schema <- io <- loader."""
+imports.py (IMPORTS: the user's code), loader.py (argv, files, overrides, provenance). Imports run one way:
+defaults <- schema <- io <- loader, and imports <- loader."""
 from runner.config.defaults import get_default_config
 from runner.config.io import (
     MISSING,

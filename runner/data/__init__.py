@@ -9,6 +9,7 @@ Modules, imports running one way (each imports only those above it):
     sources   DATA.NAME -> Source, torch-free: each source's module (digits, synthetic, folder/source,
               shards/source: build, and its config check run before OUTPUT_DIR is claimed) and what the rest
               of the runner asks of it; nothing outside runner/data/ branches on DATA.NAME
+    resize    DATA.IMG_SIZE_SCHEDULE: ResizedLoader resizes the training batches to their epoch's size
     build     build_data(cfg, dist): the source's loaders, and the warnings about keys it ignores
 
 A new data source: one module with `build(cfg, dist)` (and optionally `check`, `known_split`) and one
