@@ -142,7 +142,7 @@ def test_users_code_trains_env_names_it_and_resume_rules(tmp_path):
     assert (out / "env.txt").read_bytes() == before
     # the same list with an edited file resumes, says so and records the new hash
     module.write_text(USER_MODULE + "\n# a fix\n")
-    r = run_tool("train.py", [*argv, "TRAIN.MAX_STEPS", "2"])
+    r = run_tool("train.py", [*argv, "TRAIN.MAX_STEPS", "2", "TRAIN.EXTEND", "true"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "IMPORTS: " in (out / "log.txt").read_text() and "changed since this run's last start" in r.stdout + r.stderr
     new = hashlib.sha256(module.read_bytes()).hexdigest()
