@@ -133,3 +133,21 @@ def test_killed_at_the_size_change_resumes_bit_identical(tmp_path):
         rows = [r for r in read_jsonl(folder / "metrics.jsonl") if "train/loss" in r]
         by_epoch = {(r["epoch"], r["train/img_size"]) for r in rows}
         assert by_epoch == {(1, 12), (2, 16)}, by_epoch
+
+
+@pytest.mark.slow
+def test_image_folders_train_at_the_schedules_sizes(tmp_path):
+    """DATA.NAME folder (timm's transforms at DATA.IMG_SIZE, workers) takes the schedule too; val stays 16 px."""
+    from runner.data.memory import export_digits_jpegs
+    from tests.utils import TINY, run_tool
+
+    root = export_digits_jpegs(tmp_path / "digits", size=16, per_class=20)
+    out = tmp_path / "run"
+    r = run_tool("train.py", ["--cfg", "configs/digits/resnet18.yaml", *TINY, "DATA.NAME", "folder",
+                              "DATA.ROOT", str(root), "DATA.BATCH_SIZE", "32", "TRAIN.EPOCHS", "2", "LOG.PERIOD", "1",
+                              "DATA.NUM_WORKERS", "1", "DATA.IMG_SIZE_SCHEDULE", "[[0, 12], [1, 16]]",
+                              "OUTPUT_DIR", str(out)])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    rows = [row for row in read_jsonl(out / "metrics.jsonl") if "train/loss" in row]
+    assert {(row["epoch"], row["train/img_size"]) for row in rows} == {(1, 12), (2, 16)}
+    assert [row["val/top1"] for row in read_jsonl(out / "metrics.jsonl") if "val/top1" in row]  # its loader as ever
