@@ -1,7 +1,9 @@
 """tools/predict.py: a model trained on exported digits JPEGs names the right digit, for images of any mode."""
 from __future__ import annotations
 
+import csv
 import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -143,3 +145,65 @@ def test_split_images_from_overrides():
     assert rest == ["--cfg", "c.yaml", "MODEL.CHECKPOINT", "w.pth", "--topk", "3", "DATA.IMG_SIZE", "64",
                     "--json"]
     assert images == ["a.jpg", "b c.png"]
+
+
+# ---- a folder of images to a file (--output, batches, workers, --tta flip) -------------------------------------------
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> tuple[Path, int]:
+    """(a folder of 300 digits JPEGs in sub-folders, and a corrupt one among them, the number of good images)."""
+    folder = export_digits_jpegs(tmp_path_factory.mktemp("photos") / "digits", size=32, per_class=30, seed=3)
+    (folder / "val" / "4" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    return folder, len(list(folder.rglob("*.jpg"))) - 1
+
+
+def predict_to(trained, folder: Path, output: Path, *args: str) -> subprocess.CompletedProcess:
+    """tools/predict.py over `folder` to `output`, two loader workers, batches of 64."""
+    cfg, ckpt, _ = trained
+    return run_tool("predict.py", "--cfg", str(cfg), "MODEL.CHECKPOINT", str(ckpt), "DATA.NUM_WORKERS", "2",
+                    "DATA.EVAL_BATCH_SIZE", "64", str(folder), "--output", str(output), *args)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """One object per line."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_predict_folder_to_csv_and_jsonl(trained, photos, tmp_path: Path):
+    folder, good = photos
+    res = predict_to(trained, folder, tmp_path / "preds.csv")
+    assert res.returncode == 2, res.stderr[-3000:]  # one image could not be read: listed, skipped, said by the code
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "broken.jpg" in errors[0]
+    assert f"wrote {good} predictions" in res.stdout and "1 unreadable image skipped" in res.stdout
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "preds.csv").read_text())))
+    assert len(rows) == good and list(rows[0])[:3] == ["image", "class_1", "prob_1"] and len(rows[0]) == 11
+    assert sorted(r["image"] for r in rows) == sorted(str(p) for p in folder.rglob("*.jpg") if p.name != "broken.jpg")
+    truth = [Path(r["image"]).parent.name == r["class_1"] for r in rows]
+    assert sum(truth) > 0.8 * good  # the model trained on the digits names most of them
+    res = predict_to(trained, folder, tmp_path / "preds.jsonl", "--topk", "10")
+    lines = read_jsonl(tmp_path / "preds.jsonl")
+    assert len(lines) == good and all(len(r["top"]) == 10 for r in lines)
+    assert all(abs(sum(t["prob"] for t in r["top"]) - 1) < 1e-4 for r in lines)  # every class: they sum to 1
+    flipped = predict_to(trained, folder, tmp_path / "flip.jsonl", "--topk", "10", "--tta", "flip")
+    assert flipped.returncode == 2, flipped.stderr[-3000:]
+    tta = read_jsonl(tmp_path / "flip.jsonl")
+    assert [r["image"] for r in tta] == [r["image"] for r in lines] and all(len(r["top"]) == 10 for r in tta)
+    assert all(abs(sum(t["prob"] for t in r["top"]) - 1) < 1e-4 for r in tta)
+    assert any(a["top"] != b["top"] for a, b in zip(tta, lines, strict=True))  # a digit's mirror is another image
+
+
+def test_predict_output_mistakes(tmp_path: Path):
+    weights = tmp_path / "w.pth"
+    weights.write_bytes(b"")
+    image = tmp_path / "a.jpg"
+    image.write_bytes(b"")
+    (tmp_path / "old.csv").write_text("image\n")
+    base = ["--cfg", str(ROOT / "configs" / "digits" / "resnet18.yaml"), "MODEL.CHECKPOINT", str(weights), str(image)]
+    for args, words in ((["--output", str(tmp_path / "p.txt")], ["p.txt", ".csv or .jsonl"]),
+                        (["--output", str(tmp_path / "old.csv")], ["exists", "--force"]),
+                        (["--output", str(tmp_path / "p.csv"), "--json"], ["give one of them"]),
+                        (["--tta", "crops"], ["--tta", "flip"])):
+        res = run_tool("predict.py", *base, *args)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert all(w in res.stderr for w in words), res.stderr
