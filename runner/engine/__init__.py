@@ -4,7 +4,10 @@ Modules, imports running one way (each imports only those above it):
     step        TrainStep: micro-step, optimizer step, loss tracking on the device (no host sync)
     best        Best (the best evaluation by CHECKPOINT.BEST_METRIC), EarlyStopping (TRAIN.EARLY_STOP_*); no torch
     hooks       Hook, StopRun; Profiler, MetricLogger (windows, sinks), Checkpointer
-    evaluation  evaluate (top-1/top-5 over a split), Evaluator (epochs, EVAL.PERIOD_STEPS; best, early stopping)
+    evaluation  evaluate (top-1/top-5 over a split, the confusion matrix), Evaluator (epochs, EVAL.PERIOD_STEPS;
+                best, early stopping)
+    splits      SplitResults: best.pth on val and DATA.TEST_SPLIT once at the end (per-class results, the
+                confusion matrices as results.json's splits, PNGs and TensorBoard images)
     signals     StopFlag, Preemption (SIGTERM/SIGUSR1/Ctrl-C agreed by every rank; PROFILE.ONLY), TimeLimit
     status      RunStatus (run.json, results.json, TensorBoard's hparams)
     watchdog    Watchdog (hangs: stacks, run.json hung, exit 76), relaying failures of any rank via the store

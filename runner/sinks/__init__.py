@@ -2,9 +2,10 @@
 
 Modules, imports running one way (each imports only those above it):
     logs         the console's and log.txt's handlers (every rank; log.txt on rank 0), Python's warnings too
-    base         Sink (write, flush before a checkpoint, end_progress, finish when done, close), SinkContext
+    figures      pictures of results drawn with Pillow: the confusion matrix
+    base         Sink (write, image, flush before a checkpoint, end_progress, finish when done, close), SinkContext
     jsonl        metrics.jsonl (cut at the resume step)
-    tensorboard  TensorBoard's curves and HParams tab (purge_step on resume); run_hparams
+    tensorboard  TensorBoard's curves, images and HParams tab (purge_step on resume); run_hparams
     console      the training line: a progress bar's postfix on a terminal, a log line otherwise
     tracker      TrackerSink, what W&B and MLflow share: rows sent once a checkpoint covers them, the
                  tracker's run id in OUTPUT_DIR/trackers.json, a failure warns once and the run goes on
