@@ -1,7 +1,7 @@
 """Image folders (DATA.NAME folder): scan (and check) the tree, decode fast, and the datasets with timm's
 transforms; `source` is the source module (runner/data/sources.py); `files` reads loose image files for
-tools/predict.py. Imports run scan, decode <- dataset <- source, and scan, decode <- files; this package gathers their public names, each imported on first use (the table of sources imports `source`
-before any torch)."""
+tools/predict.py. Imports run scan, decode <- dataset <- source, and scan, decode <- files; this package gathers
+their public names, each imported on first use (the table of sources imports `source` before any torch)."""
 from __future__ import annotations
 
 import importlib
