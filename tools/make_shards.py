@@ -3,7 +3,8 @@
 
     python tools/make_shards.py SRC DST [--shard-size 1000] [--seed 0] [--class-order]
 
-Writes DST/train/train-000000.tar ..., DST/val/val-000000.tar ..., each split's index.json (shard names and
+Writes DST/train/train-000000.tar ..., DST/val/val-000000.tar ... (and DST/test/... when SRC has a test/ split of
+the same class folders, for DATA.TEST_SPLIT test), each split's index.json (shard names and
 sample counts, so a run knows its steps per epoch before step 1) and DST/class_map.json. Each sample is KEY.jpg
 (the file's own bytes, not re-encoded; .png etc. keep their extension) and KEY.cls (the class index). Samples are
 mixed across classes with a seeded permutation (--class-order keeps them class by class: the worst case for a
@@ -34,6 +35,7 @@ from runner.data.shards.index import CLASS_MAP
 from runner.errors import UserError, argument_error, cli
 
 SPLITS = ("train", "val")
+OPTIONAL_SPLITS = ("test",)  # packed too when SRC has it: a held-out split for DATA.TEST_SPLIT
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")  # as runner.data.folder reads
 
 
@@ -125,7 +127,7 @@ def write_split(samples: list[tuple[Path, int]], classes: list[str], out: Path, 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
-    """Check SRC and DST, then write both splits' shards, indexes and the class map."""
+    """Check SRC and DST, then write each split's shards and index, and the class map."""
     args = parse_args(argv)
     src, dst = Path(args.src), Path(args.dst)
     if args.shard_size < 1:
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     classes = sorted(d.name for d in (src / "train").iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
         raise UserError(f"{src / 'train'} has no class folders")
-    splits = {split: list_split(src, split, classes) for split in SPLITS}  # all checked before writing
+    present = SPLITS + tuple(split for split in OPTIONAL_SPLITS if (src / split).is_dir())
+    splits = {split: list_split(src, split, classes) for split in present}  # all checked before writing
     refuse_outside_links(src, splits)
     checked = {split: decodable(split, src, samples) for split, samples in splits.items()}
     for split, (samples, skipped) in checked.items():

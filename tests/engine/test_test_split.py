@@ -171,3 +171,25 @@ def test_eval_split_test_on_demand(run):
     missing = run_tool("eval.py", ["--cfg", str(out / "config.yaml"), "MODEL.CHECKPOINT",
                                    str(out / "checkpoints" / "best.pth"), "--split", "holdout"])
     assert_user_error(missing, "missing split folder", "holdout")
+
+
+def test_shards_test_split(tmp_path: Path):
+    from runner.config import load_config
+    from runner.data.sources import source
+    from runner.distributed import Dist
+
+    data = digits_with_test(tmp_path / "digits")
+    made = run_tool("make_shards.py", [str(data), str(tmp_path / "shards"), "--shard-size", "25"])
+    assert made.returncode == 0 and "test: 60 samples in 3 shards" in made.stdout, made.stderr
+    cfg, _ = load_config(["--cfg", DIGITS, "MODEL.NAME", "resnet10t", "DATA.NAME", "shards", "DATA.ROOT",
+                          str(tmp_path / "shards"), "DATA.IMG_SIZE", "16", "DATA.NUM_WORKERS", "0",
+                          "DATA.TEST_SPLIT", "test"])
+    check_config(cfg, {})
+    loader = source("shards").build_split(cfg, Dist(0, 1, 0, torch.device("cpu")), "test")
+    loader.set_epoch(0, 0)
+    targets = torch.cat([y for _, y in loader])
+    assert len(targets) == 60 and torch.bincount(targets, minlength=10).tolist() == [6] * 10
+    cfg.defrost()
+    cfg.DATA.TEST_SPLIT = "holdout"
+    with pytest.raises(UserError, match="holdout/index.json does not exist"):
+        check_config(cfg, {})
