@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
+from runner import distributed
 from runner.distributed import Dist
 from runner.engine.evaluation import evaluate
 from runner.engine.hooks import Hook, MetricLogger
@@ -66,6 +67,7 @@ class SplitResults(Hook):
 
     def _weights(self, bare: nn.Module) -> tuple[nn.Module, str]:
         """A copy of the model with best.pth's weights and "checkpoints/best.pth", or the model and "last"."""
+        distributed.barrier()  # rank 0 writes best.pth after the last collective: every rank reads it once written
         best = checkpoints(self.out) / BEST
         if not best.is_file():  # no evaluation was ever judged best (CHECKPOINT.BEST_METRIC never logged)
             log.warning("no %s in %s: per-class results are those of the final weights", BEST, best.parent)
