@@ -15,6 +15,7 @@ import yaml
 from yacs.config import CfgNode as CN
 
 from runner.config.defaults import _C, get_default_config
+from runner.config.imports import import_user_code
 from runner.config.schema import (
     ABSENT,
     RESUME_SAFE_KEYS,
@@ -312,6 +313,8 @@ def config_from_yaml_text(text: str, name: str = "<stored config>") -> CN:
     provenance: dict[str, str] = {}
     apply_entries(cfg, entries, provenance)
     expand_paths(cfg)  # a config stored before "~" was expanded compares equal to today's
+    # its own IMPORTS first, as when it was loaded: a model, source or schedule they register is then known
+    import_user_code(cfg.IMPORTS, provenance.get("IMPORTS", "default"))
     validate(cfg, provenance, check_files=False)
     cfg.freeze()
     return cfg

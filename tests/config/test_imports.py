@@ -140,6 +140,10 @@ def test_users_code_trains_env_names_it_and_resume_rules(tmp_path):
     r = run_tool("train.py", [*argv, "IMPORTS", f"[{module}, {other}]", "TRAIN.MAX_STEPS", "2"])
     assert_user_error(r, "IMPORTS")
     assert (out / "env.txt").read_bytes() == before
+    # without the user's code this process knows none of its names: the stored config imports its own list
+    # first, so the refusal is the list's, not 'TRAIN.SCHEDULER must be one of'
+    r = run_tool("train.py", ["--cfg", str(config), "IMPORTS", "[]", "DEVICE", "cpu", "OUTPUT_DIR", str(out)])
+    assert_user_error(r, f"IMPORTS: ('{module}',) -> ()", "TRAIN.SCHEDULER: 'user_constant' -> 'cosine'")
     # the same list with an edited file resumes, says so and records the new hash
     module.write_text(USER_MODULE + "\n# a fix\n")
     r = run_tool("train.py", [*argv, "TRAIN.MAX_STEPS", "2", "TRAIN.EXTEND", "true"])
