@@ -152,3 +152,20 @@ def test_users_code_trains_env_names_it_and_resume_rules(tmp_path):
     new = hashlib.sha256(module.read_bytes()).hexdigest()
     assert f"  {module}  {module.resolve()}  {new}" in (out / "env.txt").read_text().splitlines()
 
+
+
+@pytest.mark.slow
+def test_every_rank_imports_under_torchrun(tmp_path):
+    """Each torchrun worker loads the config, so each imports the user's code: two processes train its model."""
+    import subprocess
+
+    from tests.utils import ROOT, TRAIN, env, torchrun
+
+    _, config = user_repo(tmp_path)
+    out = tmp_path / "run"
+    argv = torchrun(["--standalone", "--nproc_per_node=2", TRAIN, "--cfg", str(config), *RUN, "DATA.BATCH_SIZE", "32",
+                     "OUTPUT_DIR", str(out)])
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "2 processes" in (out / "log.txt").read_text()
+    assert [row["step"] for row in read_jsonl(out / "metrics.jsonl") if "train/loss" in row] == [1]
