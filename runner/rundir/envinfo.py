@@ -256,5 +256,6 @@ def _imports_in(env_text: str) -> dict[str, str]:
 def changed_imports(old_env_text: str, records: list[tuple[str, str, str]]) -> list[str]:
     """The entries whose file changed since an earlier env.txt (a resume runs the edited code: said, not refused)."""
     before = _imports_in(old_env_text)
-    return [f"{entry} ({path}: sha256 {before[entry][:12]} -> {digest[:12]})" for entry, path, digest in records
+    return [f"{entry}{'' if path == os.path.abspath(os.path.expanduser(entry)) else f' ({path})'}: sha256 "
+            f"{before[entry][:12]} -> {digest[:12]}" for entry, path, digest in records
             if entry in before and before[entry] != digest]

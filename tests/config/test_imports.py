@@ -121,6 +121,18 @@ def test_entries_are_names_or_files(tmp_path, monkeypatch):
     assert digest == hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def test_env_txt_lines_and_what_changed():
+    from runner.rundir.envinfo import changed_imports, format_imports
+
+    old = format_imports([("/a/x.py", "/a/x.py", "1" * 64), ("mod", "/l/mod/__init__.py", "2" * 64)])
+    assert old.splitlines()[1:] == [f"  /a/x.py  /a/x.py  {'1' * 64}", f"  mod  /l/mod/__init__.py  {'2' * 64}"]
+    text = "Python  3.11\n" + old + "GPUs: none visible\n"
+    assert changed_imports(text, [("/a/x.py", "/a/x.py", "3" * 64), ("mod", "/l/mod/__init__.py", "2" * 64)]) == [
+        "/a/x.py: sha256 111111111111 -> 333333333333"]
+    assert changed_imports("", [("mod", "/l/mod/__init__.py", "4" * 64)]) == []  # a first start: nothing to say
+    assert format_imports([]) == ""
+
+
 # ---- slow: the user's model, source and schedule train through tools/train.py -------------------------------
 @pytest.mark.slow
 def test_users_code_trains_env_names_it_and_resume_rules(tmp_path):
