@@ -35,13 +35,13 @@ class ResizedLoader:
 
     def __init__(self, loader: Any, cfg: Any):
         self.loader, self.cfg = loader, cfg
-        self.img_size = cfg.DATA.IMG_SIZE
+        self.img_size: int | None = None  # set by set_epoch, said at the first (a start or a resume) and each change
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The inner loader's order and position, and the epoch's size (said when it changes)."""
         self.loader.set_epoch(epoch, start_batch)
         size = train_img_size(self.cfg, epoch)
-        if size != self.img_size or start_batch:
+        if size != self.img_size:
             log.info("epoch %d trains at %d px (DATA.IMG_SIZE_SCHEDULE)", epoch + 1, size)
         self.img_size = size
 
