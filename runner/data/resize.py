@@ -51,8 +51,9 @@ class ResizedLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The inner batches, images at the epoch's size."""
+        size = self.img_size if self.img_size is not None else train_img_size(self.cfg, 0)  # never set: epoch 0
         for images, targets in self.loader:
-            yield resize_batch(images, self.img_size), targets
+            yield resize_batch(images, size), targets
 
     def __getattr__(self, name: str) -> Any:
         """Anything else the inner loader has (its sampler, dataset, close)."""
