@@ -24,7 +24,6 @@ BEST = "best.pth"
 HANG = "hang"  # each live rank's stacks when a job hung
 PROFILE = "profile"  # PROFILE.* traces
 KEPT_RESULTS_GLOB = "results-step*.json"  # a finished run's results.json, kept when the run is trained on
-CONFUSION_GLOB = "confusion_*.png"  # best.pth's confusion matrix on each split, drawn at the run's end
 
 # checkpoints/step_<8 digits>.pth: ordered by name (the step), never by modification time
 STEP_RE = re.compile(r"^step_(\d+)\.pth$")
