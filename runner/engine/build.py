@@ -207,7 +207,8 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
     watch = [watchdog, watchdog.resumer] if watchdog is not None else [None, None]
     stamp, limit = _time_limit(cfg, flag, dist)
     pause = Pause(pause_after_epoch) if pause_after_epoch else None  # last: after the status of the epoch
-    hooks = [profiler, metrics, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, splits, status,
+    # splits before the watchdog, whose after_train stops watching: a stuck test loader is still a hang
+    hooks = [profiler, metrics, splits, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, status,
              pause]
     return [hook for hook in hooks if hook is not None]
 

@@ -57,6 +57,8 @@ class SplitResults(Hook):
         found = {"weights": weights, "step": self.best_step() if weights != "last" else trainer.step,
                  "classes": names}
         for split, loader in self.loaders.items():
+            if self.progress is not None:  # a pass starts: the watchdog allows for its first batch
+                self.progress()
             res = evaluate(model, loader, self.dist.device, self.autocast, self.progress, num_classes=len(names))
             found[split] = split_entry(res, names)
             log.info("%s with %s: top1 %.2f top5 %.2f (%d images)", split, weights, res["top1"], res["top5"],
