@@ -250,6 +250,11 @@ class Watchdog(Hook):
         if self.timeout == 0 and self.board is None:
             return
         self.last = time.monotonic()
+        if self.board is not None:  # beat now, not a tick later: a rank frozen in its first second (set-up is quick)
+            try:  # would have no heartbeat, so rank 0 could not know its pid to kill it
+                self.board.beat(self.step)
+            except Exception as e:  # the store went away: the thread keeps watching this rank alone
+                log.debug("watchdog: store unavailable (%s)", e)
         self.thread = threading.Thread(target=self._run, name="runner-watchdog", daemon=True)
         self.thread.start()
 

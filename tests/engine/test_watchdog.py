@@ -240,3 +240,22 @@ def test_evaluation_that_stalls_is_a_hang(tmp_path):
     assert "every rank still reports" in lines[0] and 5 < ended < 60, (lines, ended)
     status = json.loads((tmp_path / "out" / "run.json").read_text())
     assert status["status"] == "hung" and status["step"] == 3, status
+
+
+def test_a_rank_has_a_heartbeat_as_soon_as_its_watchdog_starts(tmp_path):
+    """A rank frozen within its first tick (a tiny model's set-up takes under a second) still has a heartbeat, with
+    its pid, so rank 0 can kill it: without one, torchrun waited its 30 s grace on the frozen rank (CI, twice)."""
+    import torch
+    from torch.distributed import HashStore
+
+    from runner.distributed import Dist
+    from runner.engine.watchdog import Board
+
+    board = Board(HashStore(), 1, 2)
+    dog = Watchdog(8, tmp_path, Dist(1, 2, 1, torch.device("cpu")), board, tick=30.0)
+    dog.start()
+    try:
+        beats = board.heartbeats()
+    finally:
+        dog.stop()
+    assert 1 in beats and beats[1][3] == str(os.getpid()), beats
