@@ -104,10 +104,11 @@ def test_the_loader_resizes_each_batch_to_its_epochs_size(channels_last):
 
 # ---- slow: tools/train.py on the digits, killed at the size change ------------------------------------------
 def resize_argv(out) -> list[str]:
-    """The resume tests' digits run with 12 px in its first epoch and 16 px in its second."""
+    """The resume tests' digits run (DATA.IMG_SIZE 16) with 12 px in its first epoch and 14 px in its second: neither
+    is DATA.IMG_SIZE, so a resume that fell back to it would show."""
     from tests.engine.test_resume import BASE
 
-    return [sys.executable, TRAIN, *BASE, "DATA.IMG_SIZE_SCHEDULE", "[[0, 12], [0.5, 16]]", "OUTPUT_DIR", str(out)]
+    return [sys.executable, TRAIN, *BASE, "DATA.IMG_SIZE_SCHEDULE", "[[0, 12], [0.5, 14]]", "OUTPUT_DIR", str(out)]
 
 
 @pytest.mark.slow
@@ -117,7 +118,7 @@ def test_killed_at_the_size_change_resumes_bit_identical(tmp_path):
     ref, out, logs = tmp_path / "ref", tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
     reference = Launch(resize_argv(ref), logs, "reference")
-    # killed at the first step at 16 px (resumed from the epoch's end or just after), then mid-epoch 2
+    # killed at the first step at 14 px (resumed from the epoch's end or just after), then mid-epoch 2
     for i, target in enumerate((STEPS_PER_EPOCH + 1, STEPS_PER_EPOCH + 5)):
         run = Launch(resize_argv(out), logs, f"run{i}")
         run.wait_step(target)
@@ -126,13 +127,13 @@ def test_killed_at_the_size_change_resumes_bit_identical(tmp_path):
     final = Launch(resize_argv(out), logs, "final")
     assert final.finish() == 0, final.stdout[-3000:] + final.stderr
     assert reference.finish() == 0, reference.stdout[-3000:] + reference.stderr
-    assert "resumed from" in final.stdout and "epoch 2 trains at 16 px (DATA.IMG_SIZE_SCHEDULE)" in final.stdout
-    assert "epoch 1 trains at 12 px" in reference.stdout and "epoch 2 trains at 16 px" in reference.stdout
     assert_same_run(out, ref)
+    assert "resumed from" in final.stdout and "epoch 2 trains at 14 px (DATA.IMG_SIZE_SCHEDULE)" in final.stdout
+    assert "epoch 1 trains at 12 px" in reference.stdout and "epoch 2 trains at 14 px" in reference.stdout
     for folder in (ref, out):
         rows = [r for r in read_jsonl(folder / "metrics.jsonl") if "train/loss" in r]
         by_epoch = {(r["epoch"], r["train/img_size"]) for r in rows}
-        assert by_epoch == {(1, 12), (2, 16)}, by_epoch
+        assert by_epoch == {(1, 12), (2, 14)}, by_epoch
 
 
 @pytest.mark.slow
