@@ -25,5 +25,5 @@ torch.backends.cudnn.version(), 'device', torch.cuda.get_device_name(0) if torch
     | tee "$OUT/gpu_suite.txt"
 set -o pipefail
 # shellcheck disable=SC2086
-"$PY" -m pytest tests/gpu -p no:cacheprovider -o addopts="" -rA --durations=0 --junitxml "$OUT/gpu_suite.xml" \
+"$PY" -m pytest tests/gpu -p no:cacheprovider -p no:benchmark -o addopts="" -rA --durations=0 --junitxml "$OUT/gpu_suite.xml" \
     ${PYTEST_ARGS:-} 2>&1 | tee -a "$OUT/gpu_suite.txt"

@@ -65,7 +65,7 @@ def test_compile_resumes_from_eager_and_back(tmp_path: Path):
     ok(train(out, "CHECKPOINT.PERIOD", "3", "TRAIN.MAX_STEPS", "3"))
     for compiled, steps in ((True, 6), (False, 9)):
         res = train(out, "MODEL.COMPILE", str(compiled).lower(), "CHECKPOINT.PERIOD", "3", "TRAIN.MAX_STEPS",
-                    str(steps))
+                    str(steps), "TRAIN.EXTEND", "true")  # a run that reached its MAX_STEPS is finished: extended
         assert res.returncode == 0, f"MODEL.COMPILE {compiled} did not resume: exit {res.returncode}\n{res.stderr}"
         assert "resumed from" in res.stdout + res.stderr
         state = checkpoint(out)
@@ -79,7 +79,7 @@ def test_deterministic_resume_is_bit_identical(tmp_path: Path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     ok(train(whole, *EXACT, "TRAIN.MAX_STEPS", "8"))
     ok(train(split, *EXACT, "TRAIN.MAX_STEPS", "4"))
-    res = ok(train(split, *EXACT, "TRAIN.MAX_STEPS", "8"))
+    res = ok(train(split, *EXACT, "TRAIN.MAX_STEPS", "8", "TRAIN.EXTEND", "true"))  # the 4-step run is finished
     assert "resumed from" in res.stdout + res.stderr
     a, b = checkpoint(whole), checkpoint(split)
     assert a["step"] == b["step"] == 8
