@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.sweep.test_search import fake, fake_search  # noqa: F401  (fake: the stand-in trainer's fixture)
+from tests.test_sweep_trust import run_sh as sweep_run_sh
 from tests.utils import ROOT, assert_user_error
 
-RUN_SH = ROOT / "tools" / "sweeps" / "run.sh"
 DIGITS = ROOT / "configs" / "digits" / "test_resnet.yaml"
 LRS, MODELS = ("0.1", "0.05"), ("test_resnet", "test_efficientnet")
 POINTS = [f"lr={lr},model.name={m}" for lr in LRS for m in MODELS]
@@ -47,19 +47,9 @@ def grid_file(folder: Path, lrs=LRS, models=MODELS) -> Path:
 
 
 def run_sh(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-    """tools/sweeps/run.sh with this interpreter on the CPU, one thread per point; killed whole on a timeout."""
-    full = dict(os.environ, PYTHON=sys.executable, NUM_GPUS="0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    full.pop("CUDA_VISIBLE_DEVICES", None)
-    full.update(env)
-    proc = subprocess.Popen(["bash", str(RUN_SH), *args], cwd=ROOT, env=full, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the script and every point it started
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    """tools/sweeps/run.sh from the project root with this interpreter (test_sweep_trust's runner: CPU, one thread
+    per point, killed whole on a timeout)."""
+    return sweep_run_sh(ROOT, *args, timeout=timeout, **{"PYTHON": sys.executable, **env})
 
 
 def summary_rows(root: Path) -> list[dict]:
