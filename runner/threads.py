@@ -3,10 +3,10 @@
 torch's OpenMP threads spin at every barrier for a while (libgomp's default) before they sleep. On a machine whose
 cores other processes hold, the spinning thread keeps the core from the thread it waits for: a 10 s run took
 152 s beside two busy processes (docs/PERFORMANCE.md, "CPU threads on a loaded machine"). So the count is the
-cores this process may really use, and where other processes already fill them at start the threads wait
-passively. libgomp reads OMP_NUM_THREADS and
-OMP_WAIT_POLICY once, when torch loads it: `configure()` runs from `runner.startup.prepare()`, which every entry
-point calls before torch loads. A value the user (or torchrun) put in the environment is kept as it is.
+cores this process may really use, and where other processes already fill them at start (a look at /proc/stat)
+it is halved and the threads wait passively. libgomp reads OMP_NUM_THREADS and OMP_WAIT_POLICY once, when torch
+loads it: `configure()` runs from `runner.startup.prepare()`, which every entry point calls before torch loads.
+A value the user (or torchrun) put in the environment is kept as it is.
 """
 from __future__ import annotations
 
@@ -26,18 +26,21 @@ MARKER = "_RUNNER_CPU_THREADS"
 # PASSIVE: a waiting thread sleeps at once (futex) instead of spinning. It is a trade (docs/PERFORMANCE.md, "CPU
 # threads on a loaded machine", README's digits run, 2 cores, medians of 3): quiet 9.8 -> 19.2 s (each of the
 # tiny model's many short parallel regions pays a wake-up), beside two busy torch processes 152 -> 59 s. So it is
-# chosen only when other processes fill the cores at start: the 1-minute load average >= the usable cores AND, over
-# a 0.2 s look at /proc/stat (taken only then), other processes keep that many of this process's cores busy less
-# half a core. The load average alone lags by a minute: a run started right after another ended (a sweep, a paired
-# benchmark) saw 2.0-2.2 on idle cores and went PASSIVE. Spinning on cores others hold steals the core from the
-# very thread it waits for. The thread count is NOT lowered by load (one thread: 15.4 / 36 s): it would make a
-# run's numerics depend on the machine's load (CPU kernels split their reductions by thread), and a resumed run
-# could then differ from the run left alone.
+# chosen only when other processes fill the cores at start, as a 0.2 s look at /proc/stat (taken always) sees them:
+# at least the usable cores less half a core kept busy by others. The 1-minute load average lags by a minute both
+# ways (a load that started 3 s ago is not in it: 10x the quiet run; a run that just ended still is), so it is used
+# only where there is no /proc/stat. On such crowded cores the thread count is halved too (2 -> 1 here: 36 s
+# against PASSIVE's 55 s beside the same load): every parallel region waits for its last thread to get a core.
+# A count chosen by load would make a run's numerics depend on the load at its start (CPU kernels split their
+# reductions by thread), so a checkpoint keeps the count and a resume takes it again (follow_run).
 WAIT_POLICY = "PASSIVE"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_STAT = Path("/proc/stat")
 BUSY_WINDOW_S = 0.2  # /proc/stat counts in ticks of 10 ms: 20 per core in the window
 BUSY_SLACK = 0.5  # cores: the look's resolution and a short-lived process's share
+# Set by a launcher that starts several runs at once on one machine (a sweep's JOBS): they share the cores as
+# torchrun's local ranks do, each taking its part of them
+SHARE_ENV = "RUNNER_CPU_SHARE"
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class Choice:
     load: float | None  # the 1-minute load average at start (None where the system has none)
     busy_now: float | None  # cores of ours other processes kept busy at start (None: not looked, or no /proc/stat)
     local_ranks: int
+    share: int  # runs a launcher started side by side on these cores (SHARE_ENV), 1 without one
+    crowded: bool  # other processes filled the cores at start: threads halved and PASSIVE (where ours to choose)
     threads_from_env: bool
     policy_from_env: bool
     torch_first: bool  # torch was imported before runner: the environment came too late for libgomp
@@ -164,9 +169,17 @@ def loaded(load: float | None, cpus: int, quota: float | None) -> bool:
 
 
 def busy(load: float | None, cpus: int, quota: float | None, busy_now: float | None = None) -> bool:
-    """True when other processes fill the cores this process may use: the load average says so, and the look at
-    the cores now (where taken) does not belie it."""
-    return loaded(load, cpus, quota) and (busy_now is None or busy_now >= usable_cores(cpus, quota) - BUSY_SLACK)
+    """True when other processes fill the cores this process may use: the look at the cores now decides; the
+    lagging load average only where no look could be taken."""
+    if busy_now is not None:
+        return busy_now >= usable_cores(cpus, quota) - BUSY_SLACK
+    return loaded(load, cpus, quota)
+
+
+def cpu_share(env: MutableMapping[str, str]) -> int:
+    """How many runs a launcher started side by side on these cores (SHARE_ENV; 1 when unset or no count)."""
+    value = env.get(SHARE_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
 def thread_count(text: str) -> int | None:
@@ -180,17 +193,19 @@ def thread_count(text: str) -> int | None:
 def choose(env: MutableMapping[str, str], cpus: int, quota: float | None, torch_first: bool = False,
            load: float | None = None, busy_now: float | None = None) -> Choice:
     """The thread count and wait policy for this environment and load; the user's own values win."""
-    local_ranks = int(env.get("LOCAL_WORLD_SIZE") or 1)
+    local_ranks, share = int(env.get("LOCAL_WORLD_SIZE") or 1), cpu_share(env)
     user_threads, user_policy = user_value(env, "OMP_NUM_THREADS"), user_value(env, "OMP_WAIT_POLICY")
     # an invalid count is ignored with one warning rather than refused: this runs as runner is imported (every
     # tool, before any command line is read), and libgomp itself ignores such a value
     ignored = user_threads if user_threads is not None and thread_count(user_threads) is None else None
     if ignored is not None:
         user_threads = None
-    threads = thread_count(user_threads) if user_threads else intra_op_threads(cpus, quota, local_ranks)
-    policy = user_policy or (WAIT_POLICY if busy(load, cpus, quota, busy_now) else None)
+    crowded = busy(load, cpus, quota, busy_now)
+    ours = intra_op_threads(cpus, quota, local_ranks * share)
+    threads = thread_count(user_threads) if user_threads else (max(1, ours // 2) if crowded else ours)
+    policy = user_policy or (WAIT_POLICY if crowded else None)
     return Choice(threads=threads, policy=policy, cpus=cpus, quota=quota, load=load, busy_now=busy_now,
-                  local_ranks=local_ranks, threads_from_env=user_threads is not None,
+                  local_ranks=local_ranks, share=share, crowded=crowded, threads_from_env=user_threads is not None,
                   policy_from_env=user_policy is not None, torch_first=torch_first, ignored=ignored)
 
 
@@ -211,9 +226,8 @@ def configure(env: MutableMapping[str, str] | None = None) -> Choice:
     if _choice is None:
         env = os.environ if env is None else env
         cpus, quota, load = affinity_cpus(), cgroup_quota(), load_average()
-        # the look costs 0.2 s of start-up, so it is taken only where the load average already says busy, and
-        # only where the choice is ours to make
-        look = loaded(load, cpus, quota) and user_value(env, "OMP_WAIT_POLICY") is None
+        # the look costs its 0.2 s window of start-up (docs/PERFORMANCE.md): taken wherever a choice is ours
+        look = user_value(env, "OMP_WAIT_POLICY") is None or user_value(env, "OMP_NUM_THREADS") is None
         _choice = choose(env, cpus, quota, torch_first="torch" in sys.modules, load=load,
                          busy_now=cores_busy_now() if look else None)
         apply(_choice, env)  # an ignored value is replaced: libgomp never sees it, children never warn again
@@ -242,6 +256,8 @@ def describe(choice: Choice | None = None) -> str:
     why = ("OMP_NUM_THREADS from the environment" if choice.threads_from_env else
            f"affinity {choice.cpus} core{'s' if choice.cpus != 1 else ''}, cgroup quota {quota}"
            + (f", {choice.local_ranks} local ranks" if choice.local_ranks > 1 else "")
+           + (f", {choice.share} runs side by side ({SHARE_ENV})" if choice.share > 1 else "")
+           + ("; the cores are crowded: half of them" if choice.crowded else "")
            + (f"; OMP_NUM_THREADS {choice.ignored!r} ignored" if choice.ignored is not None else ""))
     policy = _policy_text(choice)
     if choice.torch_first and not choice.policy_from_env:
@@ -249,13 +265,43 @@ def describe(choice: Choice | None = None) -> str:
     return f"CPU threads: {torch.get_num_threads()} intra-op ({why}), {policy}"
 
 
+def _seen(choice: Choice) -> str:
+    """What the choice saw of the other processes: the look at the cores, else the load average."""
+    if choice.busy_now is not None:
+        return f"{choice.busy_now:.1f} of {usable_cores(choice.cpus, choice.quota)} cores busy at start"
+    return f"load average {'unknown' if choice.load is None else f'{choice.load:.1f}'}"
+
+
 def _policy_text(choice: Choice) -> str:
-    """The wait policy and why: the user's, or chosen from the load at start."""
+    """The wait policy and why: the user's, or chosen from what the cores were doing at start."""
     if choice.policy_from_env:
         return f"OMP_WAIT_POLICY {choice.policy} (from the environment)"
-    load = "unknown" if choice.load is None else f"{choice.load:.1f}"
-    if choice.busy_now is not None:
-        load += f", {choice.busy_now:.1f} of {usable_cores(choice.cpus, choice.quota)} cores busy now"
     if choice.policy:
-        return f"OMP_WAIT_POLICY {choice.policy} (load average {load}: the cores are busy, waiting threads sleep)"
-    return f"OMP_WAIT_POLICY unset (load average {load}: libgomp's spin-wait)"
+        return f"OMP_WAIT_POLICY {choice.policy} ({_seen(choice)}: waiting threads sleep)"
+    return f"OMP_WAIT_POLICY unset ({_seen(choice)}: libgomp's spin-wait)"
+
+
+def in_use() -> dict:
+    """What a checkpoint records of the threads: torch's count now and the job's number of processes."""
+    import torch
+
+    return {"count": torch.get_num_threads(), "processes": int(os.environ.get("WORLD_SIZE") or 1)}
+
+
+def follow_run(saved: dict | None) -> str | None:
+    """A resumed run computes with the thread count its checkpoint was written with (a count chosen by the load
+    at its start, or by a sweep's share of the cores) where that is no more than this process would take and the
+    job has as many processes: CPU kernels split their reductions by thread, so another count would give other
+    numbers than the run left alone. Returns the log line when it changed the count, None otherwise."""
+    choice = configure()
+    import torch
+
+    now, world = torch.get_num_threads(), in_use()["processes"]
+    count = (saved or {}).get("count")
+    ceiling = intra_op_threads(choice.cpus, choice.quota, choice.local_ranks * choice.share)
+    if (not count or count == now or count > ceiling or choice.threads_from_env
+            or saved.get("processes") != world):
+        return None
+    torch.set_num_threads(count)
+    return (f"CPU threads: {count} intra-op, as the checkpoint was written with (not {now}): a resumed run keeps "
+            "its thread count, so that it computes what the run left alone would (set OMP_NUM_THREADS to choose)")

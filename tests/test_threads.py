@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from runner import threads
-from tests.utils import ROOT, TINY, TRAIN
+from tests.utils import ROOT, TINY, TRAIN, read_jsonl
 
 # a fresh process: its choice, torch's count and what libgomp itself read (OMP_DISPLAY_ENV prints its settings)
 PROBE = ("import json, os; from runner.startup import prepare; prepare(); import torch; from runner import threads; "
@@ -38,9 +38,11 @@ def _probe(env: dict[str, str], cpus: set[int] | None = None) -> tuple[dict, str
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
-def _cores() -> int:
-    """The cores a fresh process here would choose (affinity and quota), to compare against."""
-    return threads.intra_op_threads(threads.affinity_cpus(), threads.cgroup_quota(), 1)
+def _cores(line: str = "") -> int:
+    """The cores a fresh process here would choose (affinity and quota), halved where its start `line` says the
+    cores were crowded (other processes on this machine right then), to compare against."""
+    n = threads.intra_op_threads(threads.affinity_cpus(), threads.cgroup_quota(), 1)
+    return max(1, n // 2) if "the cores are crowded" in line else n
 
 
 # --- cgroup quota files ---------------------------------------------------------------------------------------
@@ -92,46 +94,72 @@ def test_user_environment_wins_and_is_left_alone():
 
 def test_unset_environment_takes_the_cores_shared_among_local_ranks():
     env = {"LOCAL_WORLD_SIZE": "2"}
-    choice = threads.choose(env, cpus=8, quota=6.0, load=7.5)
-    assert (choice.threads, choice.policy, choice.threads_from_env, choice.policy_from_env) == (3, "PASSIVE", False,
+    choice = threads.choose(env, cpus=8, quota=6.0, busy_now=0.2)
+    assert (choice.threads, choice.policy, choice.threads_from_env, choice.policy_from_env) == (3, None, False,
                                                                                                  False)
     threads.apply(choice, env)
-    assert env["OMP_NUM_THREADS"] == "3" and env["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert ("(affinity 8 cores, cgroup quota 6 cores, 2 local ranks), OMP_WAIT_POLICY PASSIVE (load average 7.5"
-            in threads.describe(choice))
+    assert env["OMP_NUM_THREADS"] == "3" and "OMP_WAIT_POLICY" not in env
+    assert ("(affinity 8 cores, cgroup quota 6 cores, 2 local ranks), OMP_WAIT_POLICY unset (0.2 of 6 cores busy "
+            "at start: libgomp's spin-wait)" in threads.describe(choice))
 
 
-@pytest.mark.parametrize("cpus, quota, load, policy", [
-    (2, None, 0.3, None),  # quiet: libgomp's spin-wait (PASSIVE doubled a tiny model's run time here)
-    (2, None, 1.9, None),
-    (2, None, 2.0, "PASSIVE"),  # others' runnable threads fill both cores: spinning would steal them
-    (2, None, 5.2, "PASSIVE"),
-    (8, 2.0, 2.5, "PASSIVE"),  # the quota's cores are what this process may use
-    (8, None, 2.5, None),
-    (2, None, None, None),  # no load average on this system: as libgomp does
+@pytest.mark.parametrize("cpus, quota, busy_now, count, policy", [
+    (2, None, 0.0, 2, None),  # quiet: libgomp's spin-wait (PASSIVE doubled a tiny model's run time here)
+    (2, None, 1.4, 2, None),
+    (2, None, 1.5, 1, "PASSIVE"),  # others fill both cores: spinning would steal them, and half the threads
+    (2, None, 2.0, 1, "PASSIVE"),
+    (8, 2.0, 1.8, 1, "PASSIVE"),  # the quota's cores are what this process may use
+    (8, None, 2.5, 8, None),
+    (8, None, 7.9, 4, "PASSIVE"),
 ])
-def test_wait_policy_follows_the_load_at_start_and_the_count_does_not(cpus, quota, load, policy):
+def test_crowded_cores_at_start_halve_the_threads_and_make_them_sleep(cpus, quota, busy_now, count, policy):
     env: dict[str, str] = {}
-    choice = threads.choose(env, cpus=cpus, quota=quota, load=load)
-    assert choice.policy == policy
-    assert choice.threads == threads.choose({}, cpus=cpus, quota=quota).threads  # numerics never follow the load
+    choice = threads.choose(env, cpus=cpus, quota=quota, busy_now=busy_now)
+    assert (choice.threads, choice.policy, choice.crowded) == (count, policy, policy is not None)
     threads.apply(choice, env)
-    assert env.get("OMP_WAIT_POLICY") == policy
+    assert env.get("OMP_WAIT_POLICY") == policy and env["OMP_NUM_THREADS"] == str(count)
+    assert ("the cores are crowded: half of them" in threads.describe(choice)) == choice.crowded
 
 
 @pytest.mark.parametrize("load, busy_now, policy", [
     (2.2, 0.1, None),  # the load average still counts a run that just ended (a sweep's last job): cores idle now
-    (2.2, 1.4, None),
-    (2.2, 1.6, "PASSIVE"),  # others hold the cores now too
-    (2.2, None, "PASSIVE"),  # no look taken (no /proc/stat): the load average decides
-    (1.0, 2.0, None),  # the look is only taken, and only counts, where the load average says busy
+    (0.3, 2.0, "PASSIVE"),  # a load that started 3 s ago is not in the 1-minute average yet: the look sees it
+    (2.2, 1.6, "PASSIVE"),
+    (2.2, None, "PASSIVE"),  # no look possible (no /proc/stat): the load average is the only hint
+    (1.0, None, None),
+    (None, None, None),  # neither: as libgomp does
 ])
-def test_a_look_at_the_cores_now_overrules_a_lagging_load_average(load, busy_now, policy):
+def test_the_look_at_the_cores_decides_and_the_load_average_is_only_a_fallback(load, busy_now, policy):
     choice = threads.choose({}, cpus=2, quota=None, load=load, busy_now=busy_now)
     assert choice.policy == policy
     line = threads._policy_text(choice)
-    assert ("cores busy now" in line) == (busy_now is not None)
-    assert busy_now is None or f"{busy_now:.1f} of 2 cores busy now" in line
+    assert ("cores busy at start" in line) == (busy_now is not None)
+    assert busy_now is None or f"{busy_now:.1f} of 2 cores busy at start" in line
+    assert busy_now is not None or "load average" in line
+
+
+def test_a_launchers_share_divides_the_cores_like_local_ranks():
+    assert threads.choose({threads.SHARE_ENV: "2"}, cpus=2, quota=None, busy_now=0.0).threads == 1
+    assert threads.choose({threads.SHARE_ENV: "2", "LOCAL_WORLD_SIZE": "2"}, cpus=8, quota=None).threads == 2
+    assert threads.choose({threads.SHARE_ENV: "x"}, cpus=8, quota=None).share == 1  # no count: ignored
+    assert threads.choose({threads.SHARE_ENV: "4", "OMP_NUM_THREADS": "3"}, cpus=8, quota=None).threads == 3
+    line = threads.describe(threads.choose({threads.SHARE_ENV: "2"}, cpus=2, quota=None, busy_now=0.0))
+    assert "2 runs side by side (RUNNER_CPU_SHARE)" in line
+
+
+def test_a_resume_keeps_the_thread_count_its_checkpoint_was_written_with():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert threads.follow_run({"count": 1, "processes": 1}).startswith("CPU threads: 1 intra-op, as the "
+                                                                             "checkpoint was written with (not 2)")
+        assert torch.get_num_threads() == 1
+        assert threads.follow_run({"count": 1, "processes": 1}) is None  # already so
+        assert threads.follow_run({"count": 2, "processes": 2}) is None and torch.get_num_threads() == 1  # world
+        assert threads.follow_run({"count": 10**4, "processes": 1}) is None  # more than this machine's cores
+        assert threads.follow_run(None) is None and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_proc_stat_ticks_count_only_this_process_cores():
@@ -175,16 +203,16 @@ def test_values_a_parent_runner_set_are_chosen_again():
 
 def test_fresh_process_uses_its_cores_and_the_policy_it_says():
     report, gomp = _probe(_clean_env())
-    n = _cores()
+    n = _cores(report["line"])
     assert report["torch"] == n
     assert report["env"]["OMP_NUM_THREADS"] == str(n)
     assert report["line"].startswith(f"CPU threads: {n} intra-op (affinity ")
     # libgomp itself took them in (it reads them once, as torch loads it); the policy hangs on this machine's load
     assert f"OMP_NUM_THREADS = '{n}'" in gomp
     if report["env"]["OMP_WAIT_POLICY"] == "PASSIVE":
-        assert "OMP_WAIT_POLICY PASSIVE (load average" in report["line"] and "OMP_WAIT_POLICY = 'PASSIVE'" in gomp
+        assert "cores busy at start: waiting threads sleep" in report["line"] and "OMP_WAIT_POLICY = 'PASSIVE'" in gomp
     else:
-        assert report["env"]["OMP_WAIT_POLICY"] is None and "OMP_WAIT_POLICY unset (load average" in report["line"]
+        assert report["env"]["OMP_WAIT_POLICY"] is None and "cores busy at start: libgomp's spin" in report["line"]
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
@@ -201,6 +229,24 @@ def test_fresh_process_keeps_the_users_settings():
     assert report["line"] == ("CPU threads: 1 intra-op (OMP_NUM_THREADS from the environment), "
                               "OMP_WAIT_POLICY ACTIVE (from the environment)")
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in gomp
+
+
+@pytest.mark.skipif(not threads.PROC_STAT.exists(), reason="needs /proc/stat")
+def test_fresh_process_beside_a_load_that_just_started_halves_its_threads_and_sleeps():
+    """The issue's case: busy processes started a moment ago (the 1-minute load average does not show them yet)."""
+    cores = threads.affinity_cpus()
+    spin = [subprocess.Popen([sys.executable, "-c", "print('go', flush=True)\nwhile True: pass"],
+                             stdout=subprocess.PIPE, text=True) for _ in range(2 * cores)]
+    try:
+        assert all(proc.stdout.readline().strip() == "go" for proc in spin)  # each is spinning from here on
+        report, gomp = _probe(_clean_env())
+    finally:
+        for proc in spin:
+            proc.kill()
+            proc.wait()
+    n = threads.intra_op_threads(cores, threads.cgroup_quota(), 1)
+    assert report["torch"] == max(1, n // 2) and "the cores are crowded: half of them" in report["line"], report
+    assert "cores busy at start: waiting threads sleep" in report["line"] and "OMP_WAIT_POLICY = 'PASSIVE'" in gomp
 
 
 def test_fresh_process_under_a_parents_choice_shares_among_local_ranks():
@@ -235,8 +281,8 @@ def test_run_logs_the_choice_once(tmp_path: Path):
                                                                           PYTHONUNBUFFERED="1"))
     assert out.returncode == 0 and out.stderr == "", out.stderr
     lines = [line for line in (tmp_path / "run" / "log.txt").read_text().splitlines() if "CPU threads:" in line]
-    assert len(lines) == 1 and f"CPU threads: {_cores()} intra-op (affinity" in lines[0], lines
-    assert "OMP_WAIT_POLICY PASSIVE (load average" in lines[0] or "OMP_WAIT_POLICY unset (load average" in lines[0]
+    assert len(lines) == 1 and f"CPU threads: {_cores(lines[0])} intra-op (affinity" in lines[0], lines
+    assert "cores busy at start: waiting threads sleep" in lines[0] or "cores busy at start: libgomp's" in lines[0]
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "2.5"])
@@ -246,15 +292,43 @@ def test_an_invalid_thread_count_in_the_environment_is_ignored_with_one_warning(
                          env=_clean_env(OMP_NUM_THREADS=value, OMP_DISPLAY_ENV="FALSE"))
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    lines = out.stderr.splitlines()
+    lines, n = out.stderr.splitlines(), _cores(report["line"])
     assert len(lines) == 1 and "libgomp" not in out.stderr, out.stderr
     assert lines[0] == (f"warning: OMP_NUM_THREADS={value!r} in the environment is not a whole number of threads "
-                        f"(at least 1); ignored: {_cores()} threads, the cores this process may use (unset it or "
-                        f"give e.g. OMP_NUM_THREADS={_cores()})")
-    assert report["torch"] == _cores() and report["env"]["OMP_NUM_THREADS"] == str(_cores())
+                        f"(at least 1); ignored: {n} threads, the cores this process may use (unset it or "
+                        f"give e.g. OMP_NUM_THREADS={n})")
+    assert report["torch"] == n and report["env"]["OMP_NUM_THREADS"] == str(n)
     assert "(affinity " in report["line"] and "OMP_NUM_THREADS" in report["env"][threads.MARKER]
 
 
 def test_a_list_of_thread_counts_is_libgomps_and_kept():
     choice = threads.choose({"OMP_NUM_THREADS": "3,2"}, cpus=8, quota=None)
     assert (choice.threads, choice.threads_from_env, choice.ignored) == (3, True, None)
+
+
+def _train(out: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
+    """The tiny digits run for 2 epochs into `out` with the runner's own thread choice (no OMP_NUM_THREADS)."""
+    return subprocess.run([sys.executable, TRAIN, "--cfg", "configs/digits/test_resnet.yaml", *TINY,
+                           "TRAIN.EPOCHS", "2", "LOG.PERIOD", "1", "LOG.TENSORBOARD", "False", "OUTPUT_DIR",
+                           str(out), *extra], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=_clean_env(OMP_DISPLAY_ENV="FALSE", PYTHONUNBUFFERED="1", **env))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(threads.intra_op_threads(threads.affinity_cpus(), threads.cgroup_quota(), 1) < 2,
+                    reason="needs two cores: one thread of two is the count a sweep's share gives")
+def test_a_run_resumed_with_more_cores_free_computes_as_the_run_left_alone(tmp_path: Path):
+    """Started as one of two sweep points side by side (1 thread each), paused after epoch 1, resumed alone: the
+    resume takes the checkpoint's count (2 threads would give other losses: CPU reductions split by thread)."""
+    share = {threads.SHARE_ENV: "2"}
+    whole = _train(tmp_path / "whole", **share)
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "paused"
+    assert _train(out, "--pause-after-epoch", "1", **share).returncode == 0
+    again = _train(out)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    losses = [[(r["step"], r["train/loss"]) for r in read_jsonl(d / "metrics.jsonl") if "train/loss" in r]
+              for d in (tmp_path / "whole", out)]
+    assert losses[0] == losses[1] and len(losses[0]) == 2 * 22
+    log = (out / "log.txt").read_text()
+    assert "CPU threads: 1 intra-op, as the checkpoint was written with (not 2)" in log, log

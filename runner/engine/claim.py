@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner import checkpoint as ckpt
-from runner import distributed
+from runner import distributed, threads
 from runner.data.sources import source
 from runner.distributed import Dist
 from runner.errors import UserError
@@ -139,6 +139,9 @@ def resume(cfg, trainer: Trainer, found: tuple[str, dict] | None, status: RunSta
     if found is None:
         return
     path, state = found
+    followed = threads.follow_run(state.get("cpu_threads"))
+    if followed and dist_main:
+        log.info("%s", followed)
     trainer.load_state_dict(state)
     results = reader.results(cfg.OUTPUT_DIR)
     if trainer.at_end and is_done(results):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
+from runner import threads
 from runner.engine.hooks import Hook, StopRun
 from runner.engine.step import TrainStep
 
@@ -142,7 +143,8 @@ class Trainer:
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: the position, the step's state and every hook's part."""
         state = {**self.stepper.state_dict(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                 "step": self.step, "epoch_closed": self.closed, "ended_early": self.ended_early}
+                 "step": self.step, "epoch_closed": self.closed, "ended_early": self.ended_early,
+                 "cpu_threads": threads.in_use()}  # a resume computes with the same count (threads.follow_run)
         if self.samples_per_batch:  # the layout-free position: a resume on another number of processes uses it
             state["samples_in_epoch"] = self.batch_in_epoch * self.samples_per_batch
             state["global_batch"] = self.samples_per_batch * self.stepper.accum

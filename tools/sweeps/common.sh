@@ -56,6 +56,8 @@ point_done() {  # I: true when point I's folder is a done run, as runner.rundir'
 sweep_init() {  # SLOTS: checks JOBS, makes ROOT; the slots' bookkeeping and the stop trap
   need_count JOBS "$1"
   NSLOTS=$JOBS
+  # the points running side by side share this machine's cores, as torchrun's local ranks do (runner/threads.py)
+  ((NSLOTS == 1)) || export RUNNER_CPU_SHARE=${RUNNER_CPU_SHARE:-$NSLOTS}
   mkdir -p -- "$ROOT" 2>/dev/null || sweep_fail "the sweep's root $ROOT cannot be made a folder; give a folder path"
   SLOT=0 STOP=0 SKIPPED=0 SLOT_PID=() FAILED=() STOPPED=()
   declare -gA NAME_OF=()
