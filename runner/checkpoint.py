@@ -1,13 +1,16 @@
-"""Checkpoints: what one holds, atomic saving, finding the newest valid one, safe loading, per-rank RNG state."""
+"""Checkpoints: what one holds, atomic saving (on the caller's thread, or off the training step: a host copy, then
+one background write at a time), finding the newest valid one, safe loading, per-rank RNG state."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import random
 import re
 import signal
 import threading
+import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -66,6 +69,114 @@ def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep:
         prune(d, step, keep)
         remove_stale_temps(d)
     return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Off the training step: the step waits for a host copy of the state; one thread writes it (save_checkpoint)
+# ---------------------------------------------------------------------------------------------------------
+def host_copy(state: dict) -> dict:
+    """A copy of `state` in host memory that later steps cannot change: CPU tensors cloned (a state_dict's share
+    storage with the live weights and optimizer state, which the next step updates in place), device tensors
+    copied into pinned memory without blocking and synchronized once. Tensors sharing a storage still share one."""
+    copier = _HostCopier()
+    out = copier.copy(state)
+    for device in copier.devices:
+        torch.cuda.synchronize(device)
+    return out
+
+
+class _HostCopier:
+    """The walk of host_copy: containers rebuilt, each storage copied once, other leaves deep-copied."""
+
+    def __init__(self):
+        self.storages: dict[tuple, torch.UntypedStorage] = {}
+        self.devices: set[torch.device] = set()
+
+    def copy(self, obj):
+        """`obj` with every tensor in it copied to the host."""
+        if isinstance(obj, torch.Tensor):
+            return self.tensor(obj)
+        if isinstance(obj, dict):  # a module's OrderedDict keeps its type and _metadata (load_state_dict reads it)
+            new = copy.copy(obj)
+            for k, v in obj.items():
+                new[k] = self.copy(v)
+            return new
+        if isinstance(obj, list):
+            return [self.copy(v) for v in obj]
+        if isinstance(obj, tuple):
+            items = [self.copy(v) for v in obj]
+            return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+        return copy.deepcopy(obj)
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor over a copy of `t`'s storage (its offset and strides kept)."""
+        if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized or t.is_nested:
+            return t.detach().to("cpu", copy=True)  # rare kinds: copied as a whole, blocking
+        src = t.untyped_storage()
+        key = (t.device, src.data_ptr(), src.nbytes())
+        dst = self.storages.get(key)
+        if dst is None:
+            dst = self.storages[key] = self._storage(src, t.device)
+        return torch.empty(0, dtype=t.dtype).set_(dst, t.storage_offset(), t.size(), t.stride())
+
+    def _storage(self, src: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
+        """A host copy of one storage; from a GPU into pinned memory, synchronized later (host_copy)."""
+        if device.type == "cpu":
+            return src.clone()
+        cuda = device.type == "cuda"
+        dst = torch.empty(src.nbytes(), dtype=torch.uint8, pin_memory=cuda).untyped_storage()
+        dst.copy_(src, non_blocking=cuda)
+        if cuda:
+            self.devices.add(device)
+        return dst
+
+
+class CheckpointWriter:
+    """save_checkpoint in a background thread, one write at a time; a failed write's error is raised by the next
+    wait() (the next save, or the run's end), as the synchronous save would have raised it."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.started = 0.0  # when the write in flight began (time.monotonic)
+        self.longest = 0.0  # the longest write so far, in seconds
+        self.step = 0  # the step of the latest write
+
+    def submit(self, state: dict, output_dir: str | os.PathLike, step: int, keep: int, best: bool) -> None:
+        """Write `state` (a host copy nothing else changes) once the write in flight, if any, is on disk."""
+        self.wait()
+        self.started, self.step = time.monotonic(), step
+        # not a daemon: the interpreter's exit waits for it, so no process ends with a checkpoint half written
+        self.thread = threading.Thread(target=self._write, args=(state, output_dir, step, keep, best),
+                                       name="runner-checkpoint-writer")
+        self.thread.start()
+
+    def _write(self, *args) -> None:
+        """The thread: the whole synchronous save (temp, fsync, rename, read-back, links, pruning, stale temps)."""
+        try:
+            save_checkpoint(*args)
+        except BaseException as e:  # handed to the loop's thread by wait()
+            self.error = e
+        finally:
+            self.longest = max(self.longest, time.monotonic() - self.started)
+
+    @property
+    def pending(self) -> bool:
+        """True from submit() until wait(): a write nobody has waited for yet (it may have ended)."""
+        return self.thread is not None
+
+    def in_flight(self) -> float:
+        """Seconds the write in flight has taken so far (0.0 with none)."""
+        return time.monotonic() - self.started if self.pending and self.thread.is_alive() else 0.0
+
+    def wait(self) -> None:
+        """Block until the write in flight is on disk; raise its error (once) if it failed."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
 
 
 def zip_entries(path: Path) -> list[str] | None:

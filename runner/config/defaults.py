@@ -359,6 +359,12 @@ _C.CHECKPOINT = CN()
 _C.CHECKPOINT.PERIOD = 0
 # Number of step checkpoints kept (last.pth and best.pth are kept as well)
 _C.CHECKPOINT.KEEP = 3
+# Write checkpoints off the training step: the step waits only for a copy of the state in host memory (so RAM holds
+# one more copy of the weights and optimizer state while it is written), and one background thread writes it
+# (temporary file, fsync, rename, read-back, last.pth/best.pth, pruning), one write at a time. A stop (preemption,
+# TRAIN.TIME_LIMIT, a pause) and the run's end wait for the write before run.json says so. False: the step itself
+# writes each checkpoint, as before
+_C.CHECKPOINT.ASYNC = True
 # The metric that decides best.pth and results.json's best/* (and early stopping): any scalar the run logs at
 # evaluation: val/top1 | val/top5 | val/loss | val_ema/top1 | val_ema/top5 (val_ema/* with TRAIN.EMA)
 _C.CHECKPOINT.BEST_METRIC = "val/top1"

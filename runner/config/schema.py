@@ -72,6 +72,7 @@ def inline_yaml(value: Any) -> str:
 # Keys that only extend or observe a run: changing them keeps the output folder and allows resuming
 RESUME_SAFE_KEYS = frozenset(
     ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "TRAIN.EXTEND", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
+     "CHECKPOINT.ASYNC",  # how checkpoints are written, not what they hold
      "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.WORKER_START", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
      "DATA.TEST_SPLIT",  # evaluated after training only: adding one to a run changes nothing it learned
      "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "MODEL.COMPILE", "MODEL.COMPILE_MODE",

@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -40,7 +41,7 @@ from runner.engine.signals import Pause, Preemption, Stamp, StopFlag, TimeLimit,
 from runner.engine.splits import SplitResults
 from runner.engine.status import RunStatus
 from runner.engine.step import CanonicalNormStats, TrainStep
-from runner.engine.watchdog import Watchdog, job_board, relay_failure
+from runner.engine.watchdog import Watchdog, held, job_board, relay_failure
 from runner.errors import UserError
 from runner.model import build_model, compiler, prepare_model
 from runner.optim import build_optimizer, build_scheduler
@@ -195,7 +196,8 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
 
     stored = {"config": dump_config(cfg), "class_names": list(trainer.data.class_names)}
     checkpointer = Checkpointer(out, cfg.CHECKPOINT.PERIOD, cfg.CHECKPOINT.KEEP, dist, stored, evaluator.take_best,
-                                metrics, control, unsaved_eval=lambda: evaluator.unsaved)
+                                metrics, control, unsaved_eval=lambda: evaluator.unsaved,
+                                background=cfg.CHECKPOINT.ASYNC)
     flag = StopFlag(control)
     preemption = Preemption(flag, checkpointer, profiler, cfg.PROFILE.ONLY)
     splits = build_split_results(cfg, trainer, dist, metrics, evaluator)
@@ -204,9 +206,10 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
         evaluator.progress = watchdog.progress  # a stalled evaluation (its loader, a collective) is a hang too
         splits.progress = watchdog.progress
         watchdog.compiled_eval = cfg.MODEL.COMPILE
+        checkpointer.hold = partial(held, watchdog)  # waiting for a write is part of a save
     watch = [watchdog, watchdog.resumer] if watchdog is not None else [None, None]
-    stamp, limit = _time_limit(cfg, flag, dist)
-    pause = Pause(pause_after_epoch) if pause_after_epoch else None  # last: after the status of the epoch
+    stamp, limit = _time_limit(cfg, flag, dist, checkpointer.stop_cost)
+    pause = Pause(pause_after_epoch, checkpointer.wait) if pause_after_epoch else None  # last: after the status
     # splits before the watchdog, whose after_train stops watching: a stuck test loader is still a hang
     hooks = [profiler, metrics, splits, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, status,
              pause]
@@ -232,15 +235,18 @@ def build_split_results(cfg, trainer: Trainer, dist: Dist, metrics: MetricLogger
                         best_step=lambda: evaluator.best.step)
 
 
-def _time_limit(cfg, flag: StopFlag, dist: Dist) -> tuple[Stamp | None, TimeLimit | None]:
-    """TRAIN.TIME_LIMIT's hooks, counted from this process's start, or (None, None) without a limit."""
+def _time_limit(cfg, flag: StopFlag, dist: Dist, save_cost: Callable[[], float]
+                ) -> tuple[Stamp | None, TimeLimit | None]:
+    """TRAIN.TIME_LIMIT's hooks, counted from this process's start, or (None, None) without a limit;
+    `save_cost()`: what a stop's save may take beyond what the step's duties time (Checkpointer.stop_cost)."""
     from runner.config.schema import parse_time_limit
 
     seconds = parse_time_limit(cfg.TRAIN.TIME_LIMIT)
     if not seconds:
         return None, None
     stamp = Stamp()
-    return stamp, TimeLimit(seconds, flag, stamp, started=process_started(), lag=1 if dist.distributed else 0)
+    return stamp, TimeLimit(seconds, flag, stamp, started=process_started(), lag=1 if dist.distributed else 0,
+                            save_cost=save_cost)
 
 
 # ---- putting it together ---------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ evaluation, the checkpoint, a stop.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -204,20 +205,25 @@ class MetricLogger(Hook):
 
 class Checkpointer(Hook):
     """Atomic checkpoints every CHECKPOINT.PERIOD steps within an epoch, after each evaluation, at each epoch's end
-    and at the end."""
+    and at the end. With `background` (CHECKPOINT.ASYNC) the step waits only for a host copy of the state: one
+    thread writes it (runner.checkpoint.CheckpointWriter), one write at a time; stops and the run's end wait()."""
 
     state_key = "checkpointer"  # its part (every rank's RNG state) is added by save
 
     def __init__(self, out: Path, period: int, keep: int, dist: Dist, stored: dict | None = None,
                  take_best: Callable[[], bool] | None = None, metrics: MetricLogger | None = None, group=None,
-                 unsaved_eval: Callable[[], bool] | None = None):
+                 unsaved_eval: Callable[[], bool] | None = None, background: bool = False):
         """`stored`: entries saved as they are (the config's text, the class names); `take_best()`: True when
         the evaluation since the last save was the best so far (the file is then best.pth too); `group`: the
         run's CPU control group, over which rank 0 gathers every rank's RNG state; `unsaved_eval()`: True after an
-        evaluation within an epoch (EVAL.PERIOD_STEPS) that no checkpoint holds yet."""
+        evaluation within an epoch (EVAL.PERIOD_STEPS) that no checkpoint holds yet; `background`: write off the
+        training step (rank 0 writes; the other ranks have nothing to wait for)."""
         self.out, self.period, self.keep, self.dist, self.group = Path(out), period, keep, dist, group
         self.stored = dict(stored or {})
         self.take_best, self.metrics, self.unsaved_eval = take_best, metrics, unsaved_eval
+        self.writer = ckpt.CheckpointWriter() if background and dist.is_main else None
+        self.hold: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # the watchdog's pause
+        self.copy_s = 0.0  # the longest host copy
 
     def after_step(self, trainer) -> None:
         """Every CHECKPOINT.PERIOD steps and right after an evaluation within an epoch (so that best.pth holds the
@@ -229,8 +235,11 @@ class Checkpointer(Hook):
             self.save(trainer)
 
     def after_epoch(self, trainer) -> None:
-        """Every epoch's end (after its evaluation), and the run's last step."""
+        """Every epoch's end (after its evaluation), and the run's last step: that one is on disk before the run's
+        end reads best.pth (SplitResults) and says done."""
         self.save(trainer)
+        if trainer.at_end:
+            self.wait()
 
     def save(self, trainer) -> None:
         """Write the whole loop's state on rank 0, after making sure nothing non-finite gets in."""
@@ -238,11 +247,61 @@ class Checkpointer(Hook):
         best = self.take_best() if self.take_best is not None else False
         rng = ckpt.capture_rng(self.dist, self.group)  # a collective: every rank's own, on rank 0
         if self.dist.is_main:
+            self.wait()  # one write in flight at most; one that failed ends the run here, with its own error
             if self.metrics is not None:
                 self.metrics.flush()  # a kill after the save must not lose scalars of the steps it covers
             state = {**self.stored, **trainer.state_dict()}
             state["hooks"][self.state_key] = {"rng": rng}
-            ckpt.save_checkpoint(state, self.out, trainer.step, self.keep, best)
+            self._write(state, trainer.step, best)
+
+    def save_now(self, trainer) -> None:
+        """A stop's save: on disk when this returns."""
+        self.save(trainer)
+        self.wait()
+
+    def _write(self, state: dict, step: int, best: bool) -> None:
+        """On this thread; or a host copy here and the write in the writer's thread."""
+        if self.writer is None:
+            ckpt.save_checkpoint(state, self.out, step, self.keep, best)
+            return
+        t0 = time.monotonic()
+        state = ckpt.host_copy(state)
+        self.copy_s = max(self.copy_s, time.monotonic() - t0)
+        self.writer.submit(state, self.out, step, self.keep, best)
+
+    def wait(self) -> None:
+        """Block until the checkpoint being written is on disk, raising its error if it failed (the watchdog
+        paused meanwhile, as for a save); returns at once when nothing is being written."""
+        if self.writer is None:
+            return
+        with self.hold() if self.writer.pending else contextlib.nullcontext():
+            self.writer.wait()
+
+    def stop_cost(self) -> float:
+        """Seconds a stop's save may take, for TRAIN.TIME_LIMIT: the host copy and two writes (the one in flight,
+        then its own); 0.0 when the save is on this thread (the time limit measures it there)."""
+        if self.writer is None:
+            return 0.0
+        return self.copy_s + 2 * max(self.writer.longest, self.writer.in_flight())
+
+    def on_exception(self, trainer, error: BaseException) -> None:
+        """However the run stops, the write in flight ends before the run's status is written (a later hook)."""
+        if not isinstance(error, KeyboardInterrupt):  # stopping at once: close() (and the exit) still wait
+            self._settle()
+
+    def close(self, trainer) -> None:
+        """Nothing is left writing when the run returns."""
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait for the write in flight; the run is ending on another error, so a failure of it is only logged."""
+        try:
+            self.wait()
+        except KeyboardInterrupt:  # the thread goes on; the interpreter's exit waits for it (not a daemon)
+            log.warning("Ctrl-C: not waiting for the checkpoint of step %d being written", self.writer.step)
+        except Exception as e:
+            log.warning("the checkpoint of step %d could not be written (%s); the previous one is intact",
+                        self.writer.step, ckpt.describe(e))
 
     def load_state_dict(self, state: dict) -> None:
         """Every RNG this rank draws from, as the checkpoint left it."""

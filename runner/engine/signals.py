@@ -8,13 +8,14 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from runner import distributed
 from runner.engine.hooks import Checkpointer, Hook, Profiler, StopRun
-from runner.errors import DataUnavailable, Preempted, UserError
+from runner.errors import DataUnavailable, Preempted, UserError, one_line
 from runner.rundir import marker
 from runner.rundir.layout import CHECKPOINTS
 
@@ -129,11 +130,11 @@ class Preemption(Hook):
     def after_step(self, trainer) -> None:
         """Save and stop once the profiled window is recorded (PROFILE.ONLY), or when a rank was signalled."""
         if self.profile_only and self.profiler is not None and self.profiler.done:
-            self.checkpointer.save(trainer)
+            self.checkpointer.save_now(trainer)
             raise StopRun(marker.PROFILED, "PROFILE.ONLY: stopped after the profiled steps (checkpoint saved; "
                                              "rerun without it to go on)")
         if self.flag.poll():
-            self.checkpointer.save(trainer)
+            self.checkpointer.save_now(trainer)
             distributed.barrier()  # no rank exits before rank 0's checkpoint is on disk
             out = self.checkpointer.out
             why = f"{self.flag.reason}: stopped" if self.flag.reason else "preempted"
@@ -141,8 +142,10 @@ class Preemption(Hook):
                             "rerun the same command to continue")
 
     def after_epoch(self, trainer) -> None:
-        """A signal that came during the epoch's end: the checkpoint of that end is already saved."""
+        """A signal that came during the epoch's end: the checkpoint of that end is already saved (or being
+        written: on disk before any rank exits)."""
         if self.flag.poll():
+            self.checkpointer.wait()
             distributed.barrier()
             why = f"{self.flag.reason}: stopped" if self.flag.reason else "preempted"
             raise Preempted(f"{why} after epoch {trainer.epoch}: checkpoint saved; rerun the same command")
@@ -155,7 +158,12 @@ class Preemption(Hook):
             return
         accum = trainer.stepper.accum
         trainer.batch_in_epoch -= trainer.batch_in_epoch % accum  # the micro-batches of an unfinished step again
-        self.checkpointer.save(trainer)
+        try:
+            self.checkpointer.save_now(trainer)
+        except Exception as e:  # the run still stops as preempted (the rerun goes on from the previous checkpoint)
+            log.warning("data unavailable: the checkpoint of step %d could not be saved (%s)", trainer.step,
+                        one_line(str(e)))
+            return
         log.warning("data unavailable: saved at step %d in %s", trainer.step, self.checkpointer.out / CHECKPOINTS)
 
     def close(self, trainer) -> None:
@@ -179,8 +187,9 @@ class Pause(Hook):
     0); the same command with a later E, or without it, resumes it exactly. Not part of the config: a search
     trains a trial configured for its full length (its LR schedule spans the whole run) rung by rung."""
 
-    def __init__(self, epoch: int):
-        self.epoch = epoch
+    def __init__(self, epoch: int, settle: Callable[[], None] = lambda: None):
+        """`settle()`: returns once the epoch's checkpoint is on disk (Checkpointer.wait)."""
+        self.epoch, self.settle = epoch, settle
 
     def before_train(self, trainer) -> None:
         """Resumed at or past E already (the same rung asked again): nothing to train."""
@@ -193,7 +202,8 @@ class Pause(Hook):
             self._pause(trainer)
 
     def _pause(self, trainer) -> None:
-        """Stop with status paused."""
+        """Stop with status paused, once the checkpoint is on disk."""
+        self.settle()
         raise StopRun(marker.PAUSED, f"paused after epoch {trainer.epoch} (--pause-after-epoch {self.epoch}): "
                                      "checkpoint saved; re-run with a later epoch, or without it, to go on")
 
@@ -224,12 +234,15 @@ class TimeLimit(Hook):
 
     SAVE_S, MARGIN_S = 3.0, 3.0  # a save not yet timed; the process's exit after the save
 
-    def __init__(self, seconds: float, flag: StopFlag, stamp: Stamp, *, started: float, lag: int):
-        """`started`: the job's start (time.time()); `lag`: steps a stop takes to be agreed (1 under torchrun)."""
+    def __init__(self, seconds: float, flag: StopFlag, stamp: Stamp, *, started: float, lag: int,
+                 save_cost: Callable[[], float] = lambda: 0.0):
+        """`started`: the job's start (time.time()); `lag`: steps a stop takes to be agreed (1 under torchrun);
+        `save_cost()`: seconds a stop's save may take, when the duties do not time it (Checkpointer.stop_cost:
+        with background writes they time a host copy, while a stop waits for whole writes)."""
         self.seconds, self.deadline = seconds, started + seconds
-        self.flag, self.stamp, self.lag = flag, stamp, lag
+        self.flag, self.stamp, self.lag, self.save_cost = flag, stamp, lag, save_cost
         self.steps: deque[float] = deque(maxlen=50)
-        self.duties = 0.0  # the longest step duties (a periodic checkpoint)
+        self.duties = 0.0  # the longest step duties (a periodic checkpoint), or a stop's save (save_cost)
         self.epoch_end: float | None = None  # the longest epoch end
         self.t_last = time.monotonic()
         self.first = False  # the next step is this job's first
@@ -254,7 +267,7 @@ class TimeLimit(Hook):
         """Time the step and its duties; stop now if one more step would not leave time to save."""
         now = time.monotonic()
         self.steps.append(self.stamp.t - self.t_last)
-        self.duties = max(self.duties, now - self.stamp.t)
+        self.duties = max(self.duties, now - self.stamp.t, self.save_cost())
         self.t_last = now
         if self.need(trainer) > self.deadline - time.time():
             if self.first:

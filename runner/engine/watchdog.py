@@ -410,6 +410,19 @@ class Watchdog(Hook):
             faulthandler.dump_traceback(f, all_threads=True)
 
 
+@contextlib.contextmanager
+def held(watchdog: Watchdog):
+    """While the loop's thread waits for a checkpoint being written: paused, as during a save (a rank whose
+    heartbeat stops meanwhile is still found); the clock restarts after, unless it was paused already."""
+    was = watchdog.paused
+    watchdog.paused = True
+    try:
+        yield
+    finally:
+        if not was:
+            watchdog.last, watchdog.paused = time.monotonic(), False
+
+
 class _Resume(Hook):
     """Placed after the checkpointer: the pause for evaluation and checkpoints ends, the clock restarts."""
 
