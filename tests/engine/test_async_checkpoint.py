@@ -95,9 +95,10 @@ class Probe(Hook):
     def on_exception(self, trainer, error: BaseException) -> None:
         self.seen.append((type(error).__name__, *self.on_disk(trainer)))
 
-    def on_disk(self, trainer) -> tuple[bool, int, int]:
-        """(a write still pending, the step of last.pth, the loop's step)."""
-        return self.ck.writer.pending, ckpt_step(self.ck.out / "checkpoints" / "last.pth"), trainer.step
+    def on_disk(self, trainer) -> tuple[bool, int | None, int]:
+        """(a write still pending, the step of last.pth or None, the loop's step)."""
+        last = self.ck.out / "checkpoints" / "last.pth"
+        return self.ck.writer.pending, ckpt_step(last) if last.is_file() else None, trainer.step
 
 
 def background(tmp_path: Path, period: int = 0) -> Checkpointer:
@@ -122,49 +123,73 @@ def test_the_run_end_waits_for_its_last_write(tmp_path):
     assert ck.writer.longest > 0 and ck.stop_cost() >= 2 * ck.writer.longest  # each write ran in the writer
 
 
+class Breaks(Hook):
+    """Once the write in flight is on disk, checkpoints/ becomes a file (the earlier one kept aside): the next
+    write fails in the writer's thread (FileExistsError), a real failure of the write."""
+
+    def __init__(self, ck: Checkpointer, step: int = 0, epoch: int = 0):
+        self.ck, self.step, self.epoch = ck, step, epoch
+
+    def after_step(self, trainer) -> None:
+        if trainer.step == self.step:
+            self.now()
+
+    def after_epoch(self, trainer) -> None:
+        if trainer.epoch == self.epoch:
+            self.now()
+
+    def now(self) -> None:
+        """Break the folder now."""
+        self.ck.wait()
+        folder = self.ck.out / "checkpoints"
+        if folder.is_dir():
+            shutil.move(folder, self.ck.out / "kept")
+        self.ck.out.mkdir(parents=True, exist_ok=True)
+        folder.write_text("not a folder")
+
+
+class AsksAtEpochEnd(Hook):
+    """Asks to stop while the epoch's end is saved (before Preemption polls)."""
+
+    def __init__(self, flag: StopFlag):
+        self.flag = flag
+
+    def after_epoch(self, trainer) -> None:
+        self.flag.request("test")
+
+
+def stopped(tmp_path: Path, how: str, broken: bool) -> list[tuple]:
+    """A toy run stopped `how` (after step 1, or after epoch 1); with `broken`, the stop's own write fails.
+    What the probe saw where RunStatus writes the status."""
+    ck, flag = background(tmp_path), StopFlag(None)
+    probe = Probe(ck)
+    hooks = {"preempted": [ck, Preemption(flag, ck), probe],
+             "preempted at the epoch end": [ck, AsksAtEpochEnd(flag), Preemption(flag, ck), probe],
+             "profile only": [ck, Preemption(flag, ck, SimpleNamespace(done=True), profile_only=True), probe],
+             "paused": [ck, probe, Pause(1, ck.wait)]}[how]
+    if how == "preempted":
+        flag.request("test")  # as a signal or TRAIN.TIME_LIMIT would
+    if broken:
+        hooks.insert(0, Breaks(ck, step=1) if how in ("preempted", "profile only") else Breaks(ck, epoch=1))
+    try:
+        toy(hooks).train()
+    except (Preempted, FileExistsError):
+        pass
+    return probe.seen
+
+
+STOPS = {"preempted": ("Preempted", 1), "preempted at the epoch end": ("Preempted", 6),
+         "profile only": ("StopRun", 1), "paused": ("StopRun", 6)}
+
+
 @pytest.mark.usefixtures("signal_handlers")
-def test_a_preemption_waits_for_its_save(tmp_path):
-    ck = background(tmp_path, period=1)
-    flag = StopFlag(None)
-    probe = Probe(ck)
-    trainer = toy([ck, Preemption(flag, ck), probe])
-    flag.request("test")  # as a signal or TRAIN.TIME_LIMIT would
-    with pytest.raises(Preempted):
-        trainer.train()
-    assert probe.seen == [("Preempted", False, 1, 1)]
-
-
-@pytest.mark.usefixtures("signal_handlers")
-def test_a_preemption_at_an_epoch_end_waits_for_its_save(tmp_path):
-    ck = background(tmp_path)
-    flag = StopFlag(None)
-    probe = Probe(ck)
-
-    class AtEpochEnd(Hook):
-        """Asks to stop while the epoch's end is saved (before Preemption polls)."""
-
-        def after_epoch(self, trainer) -> None:
-            flag.request("test")
-
-    with pytest.raises(Preempted, match="after epoch 1"):
-        toy([ck, AtEpochEnd(), Preemption(flag, ck), probe]).train()
-    assert probe.seen == [("Preempted", False, 6, 6)]
-
-
-@pytest.mark.usefixtures("signal_handlers")
-def test_profile_only_waits_for_its_save(tmp_path):
-    ck = background(tmp_path)
-    probe = Probe(ck)
-    trainer = toy([ck, Preemption(StopFlag(None), ck, SimpleNamespace(done=True), profile_only=True), probe])
-    assert trainer.train()["status"] == "profiled"
-    assert probe.seen == [("StopRun", False, 1, 1)]
-
-
-def test_a_pause_waits_for_the_epoch_checkpoint(tmp_path):
-    ck = background(tmp_path)
-    probe = Probe(ck)
-    assert toy([ck, probe, Pause(1, ck.wait)]).train()["status"] == "paused"
-    assert probe.seen == [("StopRun", False, 6, 6)]
+@pytest.mark.parametrize("how", STOPS)
+def test_a_stop_waits_for_its_save_and_a_failed_one_fails_the_run(tmp_path, how):
+    """Nothing pending and last.pth at the stop's step when the status is written; a stop whose write fails is
+    that failure (the same error and exit as the synchronous save), never a clean stop without its checkpoint."""
+    error, step = STOPS[how]
+    assert stopped(tmp_path / "ok", how, broken=False) == [(error, False, step, step)]
+    assert stopped(tmp_path / "broken", how, broken=True) == [("FileExistsError", False, None, step)]
 
 
 class Unavailable(ToyLoader):
@@ -209,18 +234,7 @@ def test_a_failure_waits_for_the_write_in_flight(tmp_path):
 def test_a_failed_write_is_raised_at_the_next_save_and_leaves_the_previous_checkpoint(tmp_path):
     """Step 2's write fails in the writer's thread (checkpoints/ became a file): step 3's save raises it."""
     ck = background(tmp_path, period=1)
-    folder = tmp_path / "checkpoints"
-
-    class Breaks(Hook):
-        """Before step 2's save, once step 1 is on disk: checkpoints/ is no folder any more."""
-
-        def after_step(self, trainer) -> None:
-            if trainer.step == 2:
-                ck.wait()
-                shutil.move(folder, tmp_path / "kept")
-                folder.write_text("not a folder")
-
-    trainer = toy([Breaks(), ck])
+    trainer = toy([Breaks(ck, step=2), ck])
     with pytest.raises(FileExistsError):
         trainer.train()
     assert trainer.step == 3  # raised by the next save, as the synchronous save raised it at step 2
