@@ -6,6 +6,12 @@
 
 Cases (float32, synthetic data on the CPU, no channels_last, no compile):
     a: resnet18 at 64 px, batch 64        b: resnet10t at 32 px, batch 32
+    c: test_resnet at 8 px, batch 2: almost no compute, so the ratio shows the step's fixed cost (the per-step
+       Python and tensor-op overhead the runner adds: loss tracking, seeding, BatchNorm handling, the schedule),
+       which on case b is a few percent; the summary gives it in microseconds per step
+--clock cpu times each block by the process's CPU time instead of the wall clock: with --threads 1 it is the
+work done, whatever else runs on a shared machine (a busy neighbour stretches the wall clock of both sides, but
+not evenly).
 --mode inprocess (default): one process builds both, the runner exactly as tools/benchmark.py does (its
 loop and step with no hooks, its loader included) and the loop of benchmarks/raw_loop.py, warms both up, then
 times them in alternating blocks of --steps steps; neighbouring blocks see the same machine load, which matters on
@@ -27,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = {"a": ("resnet18", 64, 64), "b": ("resnet10t", 32, 32)}
+CASES = {"a": ("resnet18", 64, 64), "b": ("resnet10t", 32, 32), "c": ("test_resnet", 8, 2)}
 # The runner's default TRAIN.OPTIMIZER sgd is timm's Nesterov SGD; the loop must do the same arithmetic.
 RAW_ARGS = ["--device", "cpu", "--nesterov"]
 
@@ -83,10 +89,12 @@ def inprocess_runners(name: str, args: argparse.Namespace) -> dict:
     train_steps(trainer, args.warmup)
     raw.train(args.warmup)
 
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+
     def block(step) -> float:
-        t0 = time.perf_counter()
+        t0 = clock()
         step(args.steps)
-        return args.steps * batch / (time.perf_counter() - t0)
+        return args.steps * batch / (clock() - t0)
 
     return {"runner": lambda: block(lambda n: train_steps(trainer, n)), "raw": lambda: block(raw.train)}
 
@@ -111,6 +119,8 @@ def run_case(name: str, args: argparse.Namespace, env: dict[str, str]) -> dict:
         "runner_img_per_s": spread([r["runner"] for r in rounds]),
         "raw_img_per_s": spread([r["raw"] for r in rounds]),
         "load1": spread([r["load1"] for r in rounds]),
+        # the runner's extra time per step, from each round's pair (negative: the runner was faster)
+        "overhead_us": spread([batch * (1 / r["runner"] - 1 / r["raw"]) * 1e6 for r in rounds]),
     }
 
 
@@ -122,27 +132,27 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per block or process (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before (default 3)")
     p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for both; 0 = torch's default")
-    p.add_argument("--cases", default="a,b", help="which cases: a, b or a,b")
+    p.add_argument("--cases", default="a,b", help="which cases, comma-separated: a, b, c (default a,b)")
+    p.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                   help="wall clock, or the process's CPU time (inprocess only; use with --threads 1)")
     args = p.parse_args()
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
-        if args.mode == "inprocess":
-            import torch
-
-            torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inprocess: before torch loads (runner.startup keeps it)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     results = [run_case(name.strip(), args, env) for name in args.cases.split(",")]
-    print(f"\nstarted {started}, mode {args.mode}, {os.cpu_count()} CPUs, threads "
+    print(f"\nstarted {started}, mode {args.mode}, clock {args.clock}, {os.cpu_count()} CPUs, threads "
           f"{args.threads or 'torch default'}, {args.steps} timed steps per block, {args.warmup} warm-up steps")
     for res in results:
         r, a, b = res["ratio"], res["runner_img_per_s"], res["raw_img_per_s"]
         print(f"case {res['case']} {res['model']} {res['img_size']}px batch {res['batch_size']}: ratio median "
               f"{r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}) over {len(res['rounds'])} rounds; "
-              f"runner {a['median']:.2f} img/s, raw {b['median']:.2f} img/s; load {res['load1']['median']:.2f}")
-    print(json.dumps({"mode": args.mode, "threads": args.threads or None, "steps": args.steps, "warmup": args.warmup,
-                      "cases": results}))
+              f"runner {a['median']:.2f} img/s, raw {b['median']:.2f} img/s; the runner's extra time per step "
+              f"{res['overhead_us']['median']:.0f} us (median); load {res['load1']['median']:.2f}")
+    print(json.dumps({"mode": args.mode, "clock": args.clock, "threads": args.threads or None, "steps": args.steps,
+                      "warmup": args.warmup, "cases": results}))
 
 
 if __name__ == "__main__":

@@ -271,3 +271,37 @@ def test_a_checkpoint_with_the_hooks_parts_merged_still_resumes():
     resumed = toy([Recorder()], epochs=1)
     resumed.load_state_dict(flat)
     assert resumed.hooks[0].steps == 6 and resumed.step == trainer.step
+
+
+class _Scripted(nn.Module):
+    """A model whose output's loss is the step's scripted value: finite losses 1, 2, 3, ... and NaN/inf where told."""
+
+    def __init__(self, bad: dict[int, float]):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+        self.calls, self.bad = 0, bad
+
+    def forward(self, x):
+        self.calls += 1
+        value = self.bad.get(self.calls, float(self.calls))
+        return (self.w * 0 + value).expand(x.shape[0], 1)
+
+
+@pytest.mark.parametrize("first_bad", [3, 64, 65, 130])  # within, at and past a fold of the loss slots
+def test_the_window_sum_and_the_first_non_finite_step_over_many_steps(first_bad):
+    from runner.engine.step import LOSS_SLOTS
+
+    model = _Scripted({first_bad: float("nan"), first_bad + 2: float("inf")})
+    stepper = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.0), criterion=lambda out, y: out.mean())
+    x, y = torch.zeros(2, 1), torch.zeros(2, dtype=torch.long)
+    total = 0.0
+    for step in range(1, 2 * LOSS_SLOTS + 10):
+        stepper.train_batch(x, y, last=True)
+        total += 0.0 if step in (first_bad, first_bad + 2) else float(step)
+        if step == 40:  # a metric window ends (LOG.PERIOD): the sum restarts, the first bad step is kept
+            assert stepper.loss_sum.item() == total
+            stepper.reset_loss()
+            total = 0.0
+    assert stepper.loss_sum.item() == total
+    with pytest.raises(NonFiniteLoss, match=rf"non-finite at step {first_bad} \(epoch 1\)"):
+        stepper.check_finite(1)
