@@ -232,7 +232,7 @@ def build_split_results(cfg, trainer: Trainer, dist: Dist, metrics: MetricLogger
     data = trainer.data
     loaders = {"val": data.val, **({cfg.DATA.TEST_SPLIT: data.test} if data.test is not None else {})}
     return SplitResults(Path(cfg.OUTPUT_DIR), dist, loaders, data.class_names, trainer.stepper.autocast, metrics,
-                        best_step=lambda: evaluator.best.step)
+                        best_step=lambda: evaluator.best.step, kept=lambda: evaluator.best_eval)
 
 
 def _time_limit(cfg, flag: StopFlag, dist: Dist, save_cost: Callable[[], float]

@@ -73,6 +73,10 @@ class Evaluator(Hook):
         self.is_best = False  # set by an evaluation, taken by the checkpoint that follows it
         self.unsaved = False  # an evaluation no checkpoint holds yet: the Checkpointer saves right after it
         self.progress: Callable[..., None] | None = None  # told when a pass starts, after each batch, at its end
+        # the model's own (not the EMA's) full result, confusion matrix included, of the evaluation judged best in
+        # this process: the run's end reuses it for best.pth on val instead of evaluating the same weights again
+        self.best_eval: tuple[int, dict] | None = None
+        self._latest: dict = {}
 
     def after_step(self, trainer) -> None:
         """Every EVAL.PERIOD_STEPS optimizer steps of the run; one that ends an epoch (or the run) is left to
@@ -100,6 +104,8 @@ class Evaluator(Hook):
         if observe is not None:  # an LR schedule that steps on evaluations (plateau); the step saves its state
             observe(scalars)
         self.is_best = self.best.update(scalars, trainer.step, epoch)
+        if self.is_best:
+            self.best_eval = (trainer.step, self._latest)
         if self.metrics is not None:
             self.metrics.write(trainer.step, epoch, scalars)
         log.info("eval epoch %d step %d: val/top1 %.2f val/top5 %.2f (%d images)%s", epoch, trainer.step,
@@ -114,7 +120,9 @@ class Evaluator(Hook):
         if self.progress is not None:
             self.progress()
         self._sync_buffers(modules)
-        res = evaluate(self._runnable(stepper.bare), self.loader, self.dist.device, self.autocast, self.progress)
+        res = evaluate(self._runnable(stepper.bare), self.loader, self.dist.device, self.autocast, self.progress,
+                       num_classes=int(getattr(stepper.bare, "num_classes", 0) or 0))
+        self._latest = res
         scalars = {"val/top1": res["top1"], "val/top5": res["top5"], "val/loss": res["loss"],
                    "val/count": res["count"]}
         if stepper.ema is not None:

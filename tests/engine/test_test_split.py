@@ -193,3 +193,23 @@ def test_shards_test_split(tmp_path: Path):
     cfg.DATA.TEST_SPLIT = "holdout"
     with pytest.raises(UserError, match="holdout/index.json does not exist"):
         check_config(cfg, {})
+
+
+@pytest.mark.slow
+def test_val_of_best_is_the_runs_own_evaluation_and_equals_evaluating_best_pth(tmp_path: Path):
+    """best.pth's weights were evaluated on val during the run: the end reuses that result (no second pass over
+    val) and it is what evaluating best.pth gives."""
+    out = tmp_path / "run"
+    proc = run_tool("train.py", ["--cfg", DIGITS, "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "TRAIN.EPOCHS",
+                                 "3", "TRAIN.LR", "0.1", "DATA.NUM_WORKERS", "0", "OUTPUT_DIR", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    line = f"val with checkpoints/best.pth: top1 {res['best/val/top1']:.2f}"
+    assert f"(its evaluation at step {res['best/step']})" in (out / "log.txt").read_text().split(line)[1]
+    again = run_tool("eval.py", ["--cfg", str(out / "config.yaml"), "MODEL.CHECKPOINT",
+                                 str(out / "checkpoints" / "best.pth"), "--split", "val"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    got = json.loads(again.stdout.strip().splitlines()[-1])
+    assert got["val/top1"] == res["splits"]["val"]["top1"] == res["best/val/top1"]
+    assert got["confusion"] == res["splits"]["val"]["confusion"]
+    assert got["per_class"] == res["splits"]["val"]["per_class"]
