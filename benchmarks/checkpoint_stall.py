@@ -6,10 +6,12 @@
 Each (job, mode) is one real `tools/train.py` run in a child process into a fresh temporary folder, in which
 Checkpointer.save and Checkpointer.wait are timed as they return: the stall per save (what the step waited for:
 with ASYNC the host copy, plus the previous write when it had not ended), and every wait that found a write still
-pending (the run's last save, stops, and those inside a save, which its stall counts as well). The jobs: `digits` (configs/digits/resnet18.yaml, the README's run, 4 epochs: a
-checkpoint at each epoch's end) and `resnet50` (224 px synthetic images, batch 2, 8 steps, CHECKPOINT.PERIOD 2:
-a 200 MB checkpoint every other step). Prints one row per run (saves, stall per save median and max, final
-wait, whole run) and the machine's load before and after; the last line is all the rows as JSON.
+pending (the run's last save, stops, and those inside a save, which its stall counts as well). The jobs:
+`digits` (configs/digits/resnet18.yaml, the README's run, 4 epochs: a checkpoint at each epoch's end) and
+`resnet50` (224 px synthetic images, batch 2, 8 steps, CHECKPOINT.PERIOD 2: a 180 MB checkpoint every other
+step). Prints one row per run (checkpoint size, saves, stall per save median, max and total, write waits, the
+run's wall time and the child process's) and the machine's load before and after; the last line is all the rows
+as JSON. The runs go one after another: a machine busy with other work shows in the load lines.
 """
 from __future__ import annotations
 
