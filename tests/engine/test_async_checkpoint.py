@@ -292,12 +292,11 @@ EXIT_PREEMPTED = 75
 def stop_during_a_write(run: Launch, ck: Path, sig: int) -> int:
     """Send `sig` once a step after a save is logged while that save's file is still being written (a temporary
     file of it exists): a write in the background, not on the step. Returns the step of that write."""
-    since = 0
     end = time.monotonic() + 180
     while time.monotonic() < end and run.p.poll() is None:
-        temps = [int(m.group(1)) for f in (ck.iterdir() if ck.is_dir() else [])
-                 if (m := re.match(r"^\.step_(\d+)\.pth\.tmp\.\d+$", f.name))]
-        if temps and any(int(m.group(1)) > temps[0] for m in STEP_LINE.finditer(run.stdout, since)):
+        temps = [int(m.group(1)) for f in (ck.iterdir() if ck.is_dir() else [])  # this process's, not a stale one
+                 if (m := re.match(rf"^\.step_(\d+)\.pth\.tmp\.{run.p.pid}$", f.name))]
+        if temps and any(int(m.group(1)) > temps[0] for m in STEP_LINE.finditer(run.stdout)):
             run.p.send_signal(sig)
             return temps[0]
         time.sleep(0.005)
@@ -317,7 +316,7 @@ def test_killed_during_a_background_write_resumes_from_the_previous_checkpoint(t
         run = Launch(argv, tmp_path, f"killed{attempt}")
         writing = stop_during_a_write(run, ck, signal.SIGKILL)
         assert run.finish(60) == -signal.SIGKILL
-        half = [f for f in ck.iterdir() if TMP_RE.match(f.name)]
+        half = [f for f in ck.iterdir() if f.name == f".step_{writing:08d}.pth.tmp.{run.p.pid}"]
         if half:  # the kill landed inside the write (else it had just ended: try again from there)
             break
     assert half, "no kill landed inside a background write"
