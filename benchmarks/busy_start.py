@@ -5,10 +5,11 @@ machine that just got busy (docs/PERFORMANCE.md, "CPU threads on a loaded machin
     python benchmarks/busy_start.py [--runs 3] [--delays 0,3,60] [--procs 2] -- python tools/train.py --cfg ...
 
 Delay 0 is the quiet run (no load). For each other delay, `--procs` load processes (benchmarks/cpu_load.py: torch
-matrix products with torch's default threads) start, the command starts DELAY s later, and the load stops when it
-ends. Each command's `{run}` is replaced by a fresh name (e.g. OUTPUT_DIR /tmp/x/{run}). Runs alternate over the
-delays round by round. Prints each run, then one table of medians and their ratio to the quiet median, and one
-JSON line. The command's own stdout/stderr are discarded; a failure stops the benchmark with its output.
+matrix products with torch's default threads) start (in this session unless --own-session), the command starts
+DELAY s later, and the load stops when it ends. Each command's `{run}` is replaced by a fresh name (e.g.
+OUTPUT_DIR /tmp/x/{run}). Runs alternate over the delays round by round. Prints each run, then one table of
+medians and their ratio to the quiet median, and one JSON line. The command's own stdout/stderr are discarded; a
+failure stops the benchmark with its output.
 """
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ from pathlib import Path
 LOAD = Path(__file__).resolve().parent / "cpu_load.py"
 
 
-def start_load(procs: int) -> subprocess.Popen:
-    """benchmarks/cpu_load.py with `procs` processes, in its own process group; returns once they compute."""
+def start_load(procs: int, own_session: bool) -> subprocess.Popen:
+    """benchmarks/cpu_load.py with `procs` processes, in its own process group (and session, if asked); returns
+    once they compute."""
+    # Linux's autogroup (kernel.sched_autogroup_enabled) shares the CPU fairly between sessions, not threads: a
+    # load in another session (another login's job) leaves the command about half the machine, one in the same
+    # session (a sweep's other points, a job started from the same shell) only its threads' share
     load = subprocess.Popen([sys.executable, str(LOAD), "--procs", str(procs), "--seconds", "3600"],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, text=True, start_new_session=own_session,
+                            process_group=None if own_session else 0)
     load.stdout.readline()  # "cpu_load: N processes (pids ...)": they are started
     return load
 
@@ -50,9 +56,9 @@ def timed(cmd: list[str], run: str) -> float:
     return wall
 
 
-def one(cmd: list[str], delay: float, procs: int, run: str) -> dict:
+def one(cmd: list[str], delay: float, procs: int, run: str, own_session: bool) -> dict:
     """One run at `delay` (0: quiet), with the load average at its start."""
-    load = start_load(procs) if delay else None
+    load = start_load(procs, own_session) if delay else None
     try:
         time.sleep(delay)  # the point of the benchmark: how long the load has run when the command starts
         avg = os.getloadavg()[0]
@@ -69,6 +75,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3, help="runs per delay (default 3)")
     p.add_argument("--delays", default="0,3,60", help="seconds the load runs before the command; 0 = quiet")
     p.add_argument("--procs", type=int, default=2, help="load processes (default 2)")
+    p.add_argument("--own-session", action="store_true",
+                   help="start the load in a session of its own (as another login's job; see start_load)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command to time")
     a = p.parse_args()
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
@@ -78,7 +86,7 @@ def main() -> None:
     rows = []
     for r in range(a.runs):
         for delay in delays:
-            rows.append(one(cmd, delay, a.procs, f"busy-{os.getpid()}-{r}-{delay:g}"))
+            rows.append(one(cmd, delay, a.procs, f"busy-{os.getpid()}-{r}-{delay:g}", a.own_session))
             print(f"round {r + 1} delay {delay:g} s: {rows[-1]['wall_s']:.1f} s (load {rows[-1]['load1']:.2f})",
                   flush=True)
     med = {d: statistics.median(x["wall_s"] for x in rows if x["delay"] == d) for d in delays}
@@ -86,7 +94,7 @@ def main() -> None:
     for d in delays:
         ratio = f", {med[d] / quiet:.2f}x quiet" if quiet else ""
         print(f"{'quiet' if d == 0 else f'load started {d:g} s before'}: median {med[d]:.1f} s{ratio}")
-    print(json.dumps({"cmd": cmd, "procs": a.procs, "runs": rows,
+    print(json.dumps({"cmd": cmd, "procs": a.procs, "own_session": a.own_session, "runs": rows,
                       "median_s": {f"{d:g}": m for d, m in med.items()}}))
 
 
