@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         if done is not None:
             print(rules.done_line(cfg, *done), flush=True)
             return 0
+    from runner.data.workerstart import start_early
+
+    start_early(cfg)  # the loader workers' fork server imports torch beside this process's imports, not after
     from runner.engine import train
 
     train(cfg, hparam_keys=[key for key, _ in info.overrides], pause_after_epoch=info.args.pause_after_epoch)

@@ -9,7 +9,6 @@ number of processes continues at the exact next sample. Evaluation shards every 
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import multiprocessing
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from runner.data.memory import random_shift
+from runner.data.workerstart import STOP_SIGNALS, start_server, stop_signals_held
 from runner.distributed import Dist
 from runner.threads import affinity_cpus
 
@@ -266,12 +266,6 @@ def warn_many_workers(cfg: Any) -> None:
                     n, share, "s" if share != 1 else "", auto)
 
 
-# The signals by which a run is asked to save and stop (runner.engine.signals): the main process answers them.
-# SLURM, Kubernetes, systemd and `timeout` send them to every process of the job, workers included: a worker
-# that died of one would fail the main process in the middle of its save.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-
 def _seed_worker(worker_id: int, logs: tuple[str | None, int] | None = None) -> None:
     """In each worker: leave the stop signals to the main process, log as it does (`logs`: its setup_logging
     arguments; a worker that was not forked from it starts without handlers), then seed numpy and random from
@@ -320,33 +314,11 @@ def worker_options(cfg: Any, dataset: Any) -> dict:
     """DataLoader arguments for worker processes: how they start (DATA.WORKER_START) and their set-up. A fork
     server starts now, importing the dataset's module while the run builds its model, not at the first batch."""
     ctx = multiprocessing.get_context(cfg.DATA.WORKER_START)
-    if cfg.DATA.WORKER_START == "forkserver":
-        from multiprocessing import forkserver
-
-        ctx.set_forkserver_preload(["torch", type(dataset).__module__])  # once, in the server, not per worker
-        with stop_signals_held():  # the server and every worker it forks inherit them held back
-            forkserver.ensure_running()
+    if cfg.DATA.WORKER_START == "forkserver":  # started already by tools/train.py (start_early), or now
+        start_server(["torch", type(dataset).__module__])
     from runner.sinks import logging_setup
 
     return {"multiprocessing_context": ctx, "worker_init_fn": functools.partial(_seed_worker, logs=logging_setup())}
-
-
-@contextlib.contextmanager
-def stop_signals_held() -> Iterator[None]:
-    """The stop signals held back in this thread (processes started meanwhile inherit that), then released:
-    one that came meanwhile is handled then."""
-    from multiprocessing import resource_tracker
-
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        # multiprocessing's resource tracker (a forkserver's queues need it) starts now if not yet running, so
-        # that it too holds SIGUSR1 back (it ignores SIGTERM and SIGINT itself); starting it unblocks SIGTERM
-        # and SIGINT in this thread: block them again
-        resource_tracker.ensure_running()
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def iter_workers(loader: Iterable) -> Iterator:

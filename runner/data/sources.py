@@ -39,6 +39,8 @@ class Source:
     # and tools/check_data.py reads them all
     run_class_map: bool = False  # the claim writes OUTPUT_DIR/class_map.json (class names from DATA.ROOT's folders)
     in_process: bool = False  # tensors made in the training process: no DataLoader, so no workers to tune
+    worker_modules: tuple[str, ...] = ()  # what its loader workers unpickle: the fork server, started before the
+    # run's own imports (runner/data/workerstart.py), imports them once for all workers
     resizes: bool = True  # its training batches are square image tensors that DATA.IMG_SIZE_SCHEDULE may resize
     # (runner/data/resize.py, on the device: every built-in source); False refuses the key in one line
 
@@ -83,9 +85,10 @@ def register(name: str, module: str, **attributes: Any) -> Source:
 
 # The sources, one line each; the order is the order of the names in messages.
 register("digits", "runner.data.digits", in_process=True)
-register("folder", "runner.data.folder.source", files="folder", run_class_map=True)
+register("folder", "runner.data.folder.source", files="folder", run_class_map=True,
+         worker_modules=("runner.data.folder.dataset",))
 register("synthetic", "runner.data.synthetic", in_process=True)
-register("shards", "runner.data.shards.source", files="shards")
+register("shards", "runner.data.shards.source", files="shards", worker_modules=("runner.data.shards.stream",))
 
 
 def names() -> list[str]:

@@ -1,0 +1,67 @@
+"""Where DataLoader workers start from: the fork server (DATA.WORKER_START forkserver), started once per process
+and as early as the config is known, and the stop signals held back while worker processes start. Torch-free:
+tools/train.py starts the server before it imports torch itself, so that the server's own import of torch and
+the dataset's module (about 2 s of one core) runs beside the run's imports and set-up instead of after them
+(docs/PERFORMANCE.md, "Speed, second round")."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+from runner.data.sources import source
+from runner.threads import affinity_cpus
+
+# The signals by which a run is asked to save and stop (runner.engine.signals): the main process answers them.
+# SLURM, Kubernetes, systemd and `timeout` send them to every process of the job, workers included: a worker
+# that died of one would fail the main process in the middle of its save.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """The stop signals held back in this thread (processes started meanwhile inherit that), then released:
+    one that came meanwhile is handled then."""
+    from multiprocessing import resource_tracker
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        # multiprocessing's resource tracker (a forkserver's queues need it) starts now if not yet running, so
+        # that it too holds SIGUSR1 back (it ignores SIGTERM and SIGINT itself); starting it unblocks SIGTERM
+        # and SIGINT in this thread: block them again
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# imported in the server only: it leaves at once when the run ends (its interpreter's teardown held the run's
+# output streams open for 1.3 s after the run had exited)
+SERVER_EXIT = "runner.data.serverexit"
+
+
+def start_server(preload: list[str]) -> None:
+    """Start this process's fork server now, importing `preload` once in it (not per worker); a no-op when it
+    runs already (the preload of its first start stays)."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload([*preload, SERVER_EXIT])
+    with stop_signals_held():  # the server and every worker it forks inherit them held back
+        forkserver.ensure_running()
+
+
+def start_early(cfg: Any) -> bool:
+    """Start the fork server for the run's loader workers, where the config will have some: DATA.WORKER_START
+    forkserver, a source with workers, DATA.NUM_WORKERS above 0 (or -1 with more than one CPU per local rank).
+    Returns whether it started."""
+    src = source(cfg.DATA.NAME)
+    share = affinity_cpus() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    workers = cfg.DATA.NUM_WORKERS > 0 or (cfg.DATA.NUM_WORKERS < 0 and share > 1)
+    if cfg.DATA.WORKER_START != "forkserver" or src.in_process or not workers:
+        return False
+    start_server(["torch", *src.worker_modules])
+    return True

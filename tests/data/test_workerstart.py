@@ -1,0 +1,78 @@
+"""The loader workers' fork server: started by tools/train.py before the run imports torch (only where the run
+will have workers from it), and gone as soon as the run is, so that a reader of the run's output is not kept
+waiting by the server's interpreter teardown."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.data.fixtures import export_digits_jpegs
+from tests.utils import ROOT, TRAIN, env
+
+# a fresh process: the early start for a config, whether this process had imported torch by then, and whether the
+# server it started is alive (its pid is multiprocessing's own record)
+PROBE = """
+import json, os, sys
+from runner.startup import prepare
+prepare()
+from runner.config import load_config
+from runner.data.workerstart import start_early
+cfg, _ = load_config(sys.argv[1:], check_paths=False)
+started = start_early(cfg)
+torch_loaded = "torch" in sys.modules
+from multiprocessing import forkserver
+pid = forkserver._forkserver._forkserver_pid
+alive = pid is not None and os.path.exists(f"/proc/{pid}")
+print(json.dumps({"started": started, "torch": torch_loaded, "alive": alive}))
+"""
+
+
+def _probe(*overrides: str) -> dict:
+    """PROBE's report for the config with `overrides`."""
+    out = subprocess.run([sys.executable, "-c", PROBE, *overrides], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=env())
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("overrides, started", [
+    (["DATA.NAME", "folder", "DATA.NUM_WORKERS", "2"], True),
+    (["DATA.NAME", "shards", "DATA.NUM_WORKERS", "1"], True),
+    (["DATA.NAME", "folder", "DATA.NUM_WORKERS", "0"], False),  # no workers: no server
+    (["DATA.NAME", "folder", "DATA.NUM_WORKERS", "2", "DATA.WORKER_START", "fork"], False),
+    (["DATA.NAME", "digits", "DATA.NUM_WORKERS", "2"], False),  # tensors made in the training process
+])
+def test_the_server_starts_before_torch_only_where_the_run_will_have_workers(overrides, started):
+    report = _probe(*overrides)
+    assert report == {"started": started, "torch": False, "alive": started}
+
+
+@pytest.mark.slow
+def test_the_runs_output_ends_with_the_run_not_with_the_servers_teardown(tmp_path: Path):
+    """Whoever reads a run's output to its end (a pipe, `| tee`, subprocess.run) gets the end as the run exits:
+    the server, which holds the run's stdout, leaves at once (its torch interpreter's teardown took 1.3 s)."""
+    data = export_digits_jpegs(tmp_path / "digits", size=16, per_class=10)
+    cmd = [sys.executable, TRAIN, "--cfg", str(ROOT / "configs" / "digits" / "test_resnet.yaml"), "DATA.NAME", "folder",
+           "DATA.ROOT", str(data), "DATA.IMG_SIZE", "16", "DATA.NUM_WORKERS", "2", "TRAIN.EPOCHS", "1",
+           "LOG.TENSORBOARD", "False", "OUTPUT_DIR", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env())
+    ends: dict[str, float] = {}
+
+    def read(name: str, stream) -> None:
+        stream.read()
+        ends[name] = time.monotonic()
+
+    readers = [threading.Thread(target=read, args=(n, s)) for n, s in (("out", proc.stdout), ("err", proc.stderr))]
+    for reader in readers:
+        reader.start()
+    assert proc.wait(timeout=300) == 0
+    exited = time.monotonic()
+    for reader in readers:
+        reader.join(timeout=60)
+    assert max(ends.values()) - exited < 1.0, (ends, exited)
