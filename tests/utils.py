@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,3 +78,12 @@ def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> str
     for fragment in fragments:
         assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
     return lines[0]
+
+
+def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Block until `path` exists (a file the process under test writes), failing if `proc` ends first."""
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the process ended (rc {proc.returncode}) before {path} existed"
+        assert time.monotonic() < end, f"{path} did not appear within {timeout} s"
+        time.sleep(0.01)

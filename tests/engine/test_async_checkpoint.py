@@ -289,14 +289,17 @@ BIG = ["--cfg", DIGITS, "MODEL.NAME", "resnet50", "DATA.IMG_SIZE", "16", "DATA.B
 EXIT_PREEMPTED = 75
 
 
-def stop_during_a_write(run: Launch, ck: Path, sig: int) -> int:
+def stop_during_a_write(run: Launch, ck: Path, sig: int, after_one: bool = False) -> int:
     """Send `sig` once a step after a save is logged while that save's file is still being written (a temporary
-    file of it exists): a write in the background, not on the step. Returns the step of that write."""
+    file of it exists): a write in the background, not on the step; with `after_one`, only once an earlier
+    checkpoint is whole (last.pth exists: the first write may be the one in flight). Returns the step of that
+    write."""
     end = time.monotonic() + 180
     while time.monotonic() < end and run.p.poll() is None:
         temps = [int(m.group(1)) for f in (ck.iterdir() if ck.is_dir() else [])  # this process's, not a stale one
                  if (m := re.match(rf"^\.step_(\d+)\.pth\.tmp\.{run.p.pid}$", f.name))]
-        if temps and any(int(m.group(1)) > temps[0] for m in STEP_LINE.finditer(run.stdout)):
+        earlier = not after_one or (ck / "last.pth").exists()
+        if temps and earlier and any(int(m.group(1)) > temps[0] for m in STEP_LINE.finditer(run.stdout)):
             run.p.send_signal(sig)
             return temps[0]
         time.sleep(0.005)
@@ -314,7 +317,7 @@ def test_killed_during_a_background_write_resumes_from_the_previous_checkpoint(t
     argv = [sys.executable, TRAIN, *BIG, *steps, "OUTPUT_DIR", str(out)]
     for attempt in range(3):
         run = Launch(argv, tmp_path, f"killed{attempt}")
-        writing = stop_during_a_write(run, ck, signal.SIGKILL)
+        writing = stop_during_a_write(run, ck, signal.SIGKILL, after_one=True)
         assert run.finish(60) == -signal.SIGKILL
         half = [f for f in ck.iterdir() if f.name == f".step_{writing:08d}.pth.tmp.{run.p.pid}"]
         if half:  # the kill landed inside the write (else it had just ended: try again from there)
