@@ -86,12 +86,12 @@ def wait_step(out: Path, step: int, timeout: float = 60) -> None:
     raise AssertionError(f"{out} did not pass step {step} in {timeout} s")
 
 
-def wait_task_end(root: Path, point: str, timeout: float = 60) -> dict:
-    """The end event of the point's first task, once its batch shell has written it."""
+def wait_task_end(root: Path, point: str, timeout: float = 60, job: str | None = None) -> dict:
+    """The end event of the point's first task (of array job `job`, if given), once its batch shell wrote it."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
-            ends = [e for e in events(root, point) if e["event"] == "end"]
+            ends = [e for e in events(root, point) if e["event"] == "end" and job in (None, e["job"])]
         except (OSError, ValueError):
             ends = []  # not written yet, or a line half-written
         if ends:
@@ -521,13 +521,15 @@ def test_last_task_of_an_array_gets_the_time_limit(slurm_cluster: Cluster, tmp_p
 def test_busy_folder_of_another_config_fails(slurm_cluster: Cluster, tmp_path: Path) -> None:
     """A second submission naming a running run's folder with another config fails; it used to exit 0 as busy."""
     out = tmp_path / "pt"
-    first = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), *LONG)
+    # long enough to be training still when the second task ends (LONG's 3 epochs ended first once: CI 2026-11-26)
+    longer = [*LONG, "TRAIN.EPOCHS", "30"]
+    first = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), *longer)
     assert first.returncode == 0, first.stderr
     wait_step(out, 5)
-    second = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), *LONG, "TRAIN.LR", "0.0123")
+    second = slurm_sh(slurm_cluster, "run", "--cfg", CFG, "OUTPUT_DIR", str(out), *longer, "TRAIN.LR", "0.0123")
     assert second.returncode == 0, second.stderr
     job = second.stdout.split("array job ")[1].split()[0]
-    end = wait_task_end(state(out), "pt")  # the first end: the second task's, the first still trains
+    end = wait_task_end(state(out), "pt", job=job)  # the second task's end; the first still trains
     assert end["action"] == "failed" and end["rc"] == 2 and "TRAIN.LR" in end["why"], end
     assert "JobState=FAILED" in slurm_cluster.run("scontrol", "show", "job", f"{job}_0").stdout
     slurm_cluster.cancel_all()
