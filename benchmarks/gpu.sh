@@ -51,12 +51,13 @@ import torch
 from runner.bench.step import peak_tflops
 print((peak_tflops(torch.cuda.get_device_name(0), 'bf16') or 0) if torch.cuda.is_available() else 0)")
 
-record() {  # $1: name; the rest: the command. Its last stdout line (JSON) goes to RUNS/name.json
+record() {  # $1: name; the rest: the command. Its last JSON line goes to RUNS/name.json
     local name=$1
     shift
     echo "== $name" >&2
     "$@" > "$RUNS/$name.log" 2>&1 || { echo "failed: $RUNS/$name.log" >&2; tail -20 "$RUNS/$name.log" >&2; exit 1; }
-    tail -n 1 "$RUNS/$name.log" > "$RUNS/$name.json"
+    # the last line that is a JSON object: stderr shares the log, and another process's line may come last
+    grep '^{' "$RUNS/$name.log" | tail -n 1 > "$RUNS/$name.json"
 }
 
 runner_cmd() {  # $1 model $2 size $3 compile 0|1
