@@ -25,9 +25,9 @@ def in_process(cfg: Any) -> bool:
 
 def rank_cores() -> tuple[int, int]:
     """(CPUs this rank has, the workers DATA.NUM_WORKERS -1 takes): the share training's loader uses."""
-    from runner.data.loaders import _cpu_share  # the one place the share is computed; not repeated here
+    from runner.data.workerstart import cpu_share  # the one place the share is computed; not repeated here
 
-    return _cpu_share()
+    return cpu_share()
 
 
 def default_counts(cores: int) -> list[int]:

@@ -24,9 +24,8 @@ import numpy as np
 import torch
 
 from runner.data.memory import random_shift
-from runner.data.workerstart import STOP_SIGNALS, start_server, stop_signals_held
+from runner.data.workerstart import STOP_SIGNALS, cpu_share, start_server, stop_signals_held
 from runner.distributed import Dist
-from runner.threads import affinity_cpus
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -235,12 +234,6 @@ class ToDevice:
             yield x, y.to(self.device, non_blocking=True)
 
 
-def _cpu_share() -> tuple[int, int]:
-    """(CPUs this process may use shared among the local ranks, the worker count DATA.NUM_WORKERS -1 takes)."""
-    share = max(1, affinity_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    return share, (max(1, min(8, share - 1)) if share > 1 else 0)
-
-
 def worker_cap(share: int) -> int:
     """The most workers a rank starts: beyond 4 per CPU (at least 8) they only add processes and memory."""
     return max(8, 4 * share)
@@ -249,13 +242,13 @@ def worker_cap(share: int) -> int:
 def default_workers(cfg: Any, dist: Dist) -> int:
     """DATA.NUM_WORKERS (at most worker_cap of this rank's CPUs), or when -1: the CPUs this process may use,
     shared among local ranks."""
-    share, auto = _cpu_share()
+    share, auto = cpu_share()
     return min(cfg.DATA.NUM_WORKERS, worker_cap(share)) if cfg.DATA.NUM_WORKERS >= 0 else auto
 
 
 def warn_many_workers(cfg: Any) -> None:
     """One warning when DATA.NUM_WORKERS exceeds the CPUs this rank has (each worker is a process)."""
-    share, auto = _cpu_share()
+    share, auto = cpu_share()
     n, cap = cfg.DATA.NUM_WORKERS, worker_cap(share)
     if n > cap:  # a thousand workers take minutes to start and can run the machine out of memory
         log.warning("DATA.NUM_WORKERS %d is far more than the %d CPU%s this process has: starting %d (4 per CPU, "

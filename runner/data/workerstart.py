@@ -54,13 +54,18 @@ def start_server(preload: list[str]) -> None:
         forkserver.ensure_running()
 
 
+def cpu_share() -> tuple[int, int]:
+    """(CPUs this process may use shared among the local ranks, the worker count DATA.NUM_WORKERS -1 takes)."""
+    share = max(1, affinity_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    return share, (max(1, min(8, share - 1)) if share > 1 else 0)
+
+
 def start_early(cfg: Any) -> bool:
     """Start the fork server for the run's loader workers, where the config will have some: DATA.WORKER_START
     forkserver, a source with workers, DATA.NUM_WORKERS above 0 (or -1 with more than one CPU per local rank).
     Returns whether it started."""
     src = source(cfg.DATA.NAME)
-    share = affinity_cpus() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
-    workers = cfg.DATA.NUM_WORKERS > 0 or (cfg.DATA.NUM_WORKERS < 0 and share > 1)
+    workers = cfg.DATA.NUM_WORKERS > 0 or (cfg.DATA.NUM_WORKERS < 0 and cpu_share()[1] > 0)
     if cfg.DATA.WORKER_START != "forkserver" or src.in_process or not workers:
         return False
     start_server(["torch", *src.worker_modules])
