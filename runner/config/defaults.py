@@ -301,6 +301,9 @@ _C.AMP = CN()
 _C.AMP.ENABLED = False
 # Autocast dtype: bfloat16 | float16 (float16 adds a gradient scaler)
 _C.AMP.DTYPE = "bfloat16"
+# float16 on CUDA: the gradient scaler's first loss scale (torch's default 2**16; fairseq and Megatron expose the
+# same knob). It halves on every step whose gradients overflow, which is then skipped, and grows back later
+_C.AMP.INIT_SCALE = 65536.0
 
 # ---------------------------------------------------------------------------------------------------------
 # cuDNN and matmul precision

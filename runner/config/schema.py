@@ -176,6 +176,8 @@ _RULES = {
     "DIST.BUCKET_CAP_MB": _GE1,
     "EVAL.PERIOD": _GE1, "CHECKPOINT.PERIOD": _GE0, "CHECKPOINT.KEEP": _GE1, "LOG.PERIOD": _GE1,
     "EVAL.PERIOD_STEPS": _GE0, "TRAIN.EARLY_STOP_PATIENCE": _GE0, "TRAIN.EARLY_STOP_MIN_DELTA": _GE0,
+    # above ~3e38 the scaled loss is inf in float32 and every step would be skipped
+    "AMP.INIT_SCALE": (lambda x: 1 <= x <= 2.0**126, "in [1, 2**126]"),
     "PROFILE.WAIT": _GE0, "PROFILE.WARMUP": _GE0, "PROFILE.ACTIVE": _GE1, "PROFILE.ROW_LIMIT": _GE1,
 }
 

@@ -109,7 +109,7 @@ def build_step(cfg, dist: Dist, steps_per_epoch: int) -> TrainStep:
     scheduler = build_scheduler(cfg, optimizer, steps_per_epoch)
     autocast = autocast_for(cfg, dev)
     fp16_scaling = cfg.AMP.ENABLED and cfg.AMP.DTYPE == "float16" and dev.type == "cuda"
-    scaler = torch.amp.GradScaler(dev.type, enabled=fp16_scaling)
+    scaler = torch.amp.GradScaler(dev.type, init_scale=cfg.AMP.INIT_SCALE, enabled=fp16_scaling)
     mixup, criterion = build_loss(cfg)
     accum = cfg.TRAIN.ACCUM_STEPS
     # DDP must not all-reduce gradients on accumulation micro-steps

@@ -237,6 +237,7 @@ FILES = {
     (["TRAIN.ACCUM_STEPS", "0"], r"TRAIN.ACCUM_STEPS must be >= 1"),
     (["LOG.PERIOD", "0"], r"LOG.PERIOD must be >= 1"),
     (["TRAIN.LR", "0"], r"TRAIN.LR must be > 0"),
+    (["AMP.INIT_SCALE", "0.5"], r"AMP.INIT_SCALE must be in \[1, 2\*\*126\], got 0.5"),
     (["AUG.MIXUP", "-0.1"], r"AUG.MIXUP must be >= 0"),
     (["AUG.CUTMIX", "-1"], r"AUG.CUTMIX must be >= 0"),
     (["AUG.HFLIP", "1.5"], r"AUG.HFLIP must be in \[0, 1\]"),
