@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("runner")
 
 _FUSED = {"sgd", "momentum", "adam", "adamw"}  # timm maps these onto torch.optim classes with fused kernels
+# torch's fused SGD under a GradScaler: a skipped (overflowed) first step leaves its momentum buffers as
+# torch.empty_like memory, and the next step makes the weights NaN (H200, torch 2.11, the GPU suite's fp16 test,
+# 2026-11-26; the CPU kernel does the same). Fused Adam/AdamW keep their state on a skipped step.
+_FUSED_UNSAFE_WITH_SCALER = {"sgd", "momentum"}
 
 
 def scaled_lr(cfg, world_size: int) -> float:
@@ -30,14 +34,19 @@ def scaled_lr(cfg, world_size: int) -> float:
     return cfg.TRAIN.LR * global_batch / cfg.TRAIN.LR_REF_BATCH
 
 
-def build_optimizer(cfg, model: nn.Module, device: torch.device, world_size: int = 1) -> torch.optim.Optimizer:
-    """Optimizer from cfg.TRAIN through timm's create_optimizer_v2 (fused kernels on CUDA)."""
+def build_optimizer(cfg, model: nn.Module, device: torch.device, world_size: int = 1,
+                    grad_scaler: bool = False) -> torch.optim.Optimizer:
+    """Optimizer from cfg.TRAIN through timm's create_optimizer_v2 (fused kernels where they are safe).
+
+    `grad_scaler`: a GradScaler will step it (float16 on CUDA).
+    """
     from timm.optim import create_optimizer_v2
 
     kwargs = {}
     opt = cfg.TRAIN.OPTIMIZER.lower()
     base = opt.split("_")[-1]  # lookahead_adamw wraps adamw
-    if cfg.TRAIN.FUSED and base in _FUSED:
+    fusable = base in _FUSED and not (grad_scaler and base in _FUSED_UNSAFE_WITH_SCALER)
+    if cfg.TRAIN.FUSED and fusable:
         # one kernel per step (no GradScaler sync for inf checks on CUDA); on the CPU too, where torch's fused
         # SGD steps resnet18 in 7.4 ms against 25.7 ms with foreach (docs/PERFORMANCE.md)
         kwargs["fused"] = True

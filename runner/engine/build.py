@@ -105,10 +105,10 @@ def build_step(cfg, dist: Dist, steps_per_epoch: int) -> TrainStep:
         from timm.utils import ModelEmaV3
 
         ema = ModelEmaV3(bare, decay=cfg.TRAIN.EMA_DECAY, device=dev)
-    optimizer = build_optimizer(cfg, bare, dev, dist.world_size)
+    fp16_scaling = cfg.AMP.ENABLED and cfg.AMP.DTYPE == "float16" and dev.type == "cuda"
+    optimizer = build_optimizer(cfg, bare, dev, dist.world_size, grad_scaler=fp16_scaling)
     scheduler = build_scheduler(cfg, optimizer, steps_per_epoch)
     autocast = autocast_for(cfg, dev)
-    fp16_scaling = cfg.AMP.ENABLED and cfg.AMP.DTYPE == "float16" and dev.type == "cuda"
     scaler = torch.amp.GradScaler(dev.type, init_scale=cfg.AMP.INIT_SCALE, enabled=fp16_scaling)
     mixup, criterion = build_loss(cfg)
     accum = cfg.TRAIN.ACCUM_STEPS
