@@ -33,4 +33,16 @@ def prepare() -> threads.Choice:
     timm's own `import wandb` skipped; idempotent. Returns the thread choice."""
     if not any(isinstance(f, _NoWandbForTimm) for f in sys.meta_path):
         sys.meta_path.insert(0, _NoWandbForTimm())
-    return threads.configure()
+    return threads.configure(look=not _main_rerun_by_multiprocessing())
+
+
+def _main_rerun_by_multiprocessing() -> bool:
+    """Whether the tool calling this runs as `__mp_main__`: multiprocessing re-running it in a loader worker or
+    the fork server, where torch runs one thread and the 0.2 s look at the cores would only delay the first
+    batch (the main process's write of a worker's start-up data waits for the worker to have done this)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "__mp_main__":
+            return True
+        frame = frame.f_back
+    return False

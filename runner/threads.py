@@ -220,14 +220,15 @@ def apply(choice: Choice, env: MutableMapping[str, str]) -> None:
     env[MARKER] = " ".join(f"{k}={v}" for k, v in ours.items())
 
 
-def configure(env: MutableMapping[str, str] | None = None) -> Choice:
-    """Choose and apply once per process (runner.startup.prepare); later calls return the first choice."""
+def configure(env: MutableMapping[str, str] | None = None, look: bool = True) -> Choice:
+    """Choose and apply once per process (runner.startup.prepare); later calls return the first choice.
+    `look` False: no look at the cores (the load average stands in)."""
     global _choice
     if _choice is None:
         env = os.environ if env is None else env
         cpus, quota, load = affinity_cpus(), cgroup_quota(), load_average()
         # the look costs its 0.2 s window of start-up (docs/PERFORMANCE.md): taken wherever a choice is ours
-        look = user_value(env, "OMP_WAIT_POLICY") is None or user_value(env, "OMP_NUM_THREADS") is None
+        look = look and (user_value(env, "OMP_WAIT_POLICY") is None or user_value(env, "OMP_NUM_THREADS") is None)
         _choice = choose(env, cpus, quota, torch_first="torch" in sys.modules, load=load,
                          busy_now=cores_busy_now() if look else None)
         apply(_choice, env)  # an ignored value is replaced: libgomp never sees it, children never warn again

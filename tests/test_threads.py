@@ -273,6 +273,45 @@ def test_dataloader_workers_use_one_thread():
     assert [int(x) for x in DataLoader(_Threads(), batch_size=None, num_workers=2)] == [1, 1]
 
 
+WORKER_LOOK = """
+from runner.startup import prepare
+
+choice = prepare()  # as a tool does at the top of its module, which a spawned or fork-server worker re-runs
+
+import json, sys, time
+from torch.utils.data import DataLoader, Dataset
+
+
+class Looks(Dataset):
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return json.dumps([choice.busy_now, time.time()])
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    loader = DataLoader(Looks(), batch_size=None, num_workers=1, multiprocessing_context=sys.argv[1])
+    worker_look, at = json.loads(next(iter(loader)))
+    print(json.dumps({"main": choice.busy_now, "worker": worker_look, "first_item_s": at - t0}))
+"""
+
+
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_a_loader_worker_rerunning_the_tool_takes_no_look(tmp_path: Path, start: str):
+    """A worker that re-runs the tool's module (as __mp_main__) chooses without the 0.2 s look: the main process
+    waits for it (its start-up data is written to the worker as the worker reads it, after that module ran)."""
+    script = tmp_path / "tool.py"
+    script.write_text(WORKER_LOOK)
+    out = subprocess.run([sys.executable, str(script), start], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=_clean_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["main"] is not None  # the tool's own process looked
+    assert report["worker"] is None, report  # its worker did not
+
+
 @pytest.mark.slow
 def test_run_logs_the_choice_once(tmp_path: Path):
     out = subprocess.run([sys.executable, TRAIN, "--cfg", "configs/digits/test_resnet.yaml", *TINY,
