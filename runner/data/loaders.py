@@ -228,8 +228,13 @@ class ToDevice:
         return sampler.num_batches if isinstance(sampler, ShardSampler) else len(self.loader)
 
     def __iter__(self) -> Iterator[Batch]:
-        """The inner batches, copied to the device in memory_format."""
-        for x, y in iter_workers(self.loader):
+        """The inner batches, copied to the device in memory_format; the inner iterator starts now (its workers
+        begin loading), not at the first batch asked for."""
+        return self._to_device(iter_workers(self.loader))
+
+    def _to_device(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """Each batch on the device."""
+        for x, y in batches:
             x = x.to(self.device, non_blocking=True).contiguous(memory_format=self.memory_format)
             yield x, y.to(self.device, non_blocking=True)
 

@@ -37,6 +37,7 @@ class Trainer:
         self.on_close: list = []  # what close() releases (the run lock, the process group)
         self.samples_per_batch = samples_per_batch
         self._batches: Iterator | None = None
+        self._next: tuple[int, Iterator] | None = None  # the next epoch's batches, started before its end's hooks
         # False from an optimizer step until the epoch end (or the stop inside an epoch) that follows it: a job
         # stopped right after a run's last step still owes its evaluation and checkpoint, and the next one pays it
         self.closed = True
@@ -92,10 +93,12 @@ class Trainer:
         """Stop the epoch's batches now: its readers and worker processes end here, not when the garbage collector
         gets to them (an exception keeps the loop alive to the process's exit, and workers that ignore SIGTERM
         would then block that exit)."""
-        batches, self._batches = self._batches, None
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
+        pending = [self._batches, self._next[1] if self._next else None]
+        self._batches = self._next = None
+        for batches in pending:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
     def run_until(self, last_step: int) -> None:
         """Optimizer steps up to `last_step`, epoch after epoch; the epoch in progress stays open for more."""
@@ -123,16 +126,27 @@ class Trainer:
         self.total_steps, self.ended_early = self.step, True
 
     def _begin_epoch(self) -> None:
-        """The loader at the current epoch and position; the epoch's hooks."""
+        """The loader at the current epoch and position (started at the last epoch's end, if so); the epoch's
+        hooks."""
+        started, self._next = self._next, None
+        if started is not None and started[0] == self.epoch and self.batch_in_epoch == 0:
+            self._call("before_epoch")
+            self._batches = started[1]
+            return
         self.loader.set_epoch(self.epoch, self.batch_in_epoch)
         self._call("before_epoch")
         self._batches = iter(self.loader)
 
     def _end_epoch(self) -> None:
-        """Advance the position to the next epoch's start, then the epoch's hooks."""
+        """Advance the position to the next epoch's start, start its batches, then the epoch's hooks."""
         self.epoch += 1
         self.batch_in_epoch = 0
         self._batches, self.closed = None, True  # before the hooks: the checkpoint they save has the epoch closed
+        if self.step < self.total_steps and not self.ended_early:
+            # the loader's workers read the next epoch's first batches during this one's evaluation and
+            # checkpoint, instead of after them (0.03-0.04 s per epoch start on the digits folder job, 2 cores)
+            self.loader.set_epoch(self.epoch, 0)
+            self._next = (self.epoch, iter(self.loader))
         self._call("after_epoch")
 
     def _call(self, event: str, *args) -> None:

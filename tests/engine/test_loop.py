@@ -5,6 +5,8 @@ hook's part of the checkpoint, gradient accumulation, a run that ends mid-epoch,
 """
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn as nn
@@ -305,3 +307,64 @@ def test_the_window_sum_and_the_first_non_finite_step_over_many_steps(first_bad)
     assert stepper.loss_sum.item() == total
     with pytest.raises(NonFiniteLoss, match=rf"non-finite at step {first_bad} \(epoch 1\)"):
         stepper.check_finite(1)
+
+
+class EagerToyLoader(ToyLoader):
+    """A ToyLoader whose iterator starts when asked for (as a DataLoader's workers do), not at its first batch."""
+
+    def __iter__(self):
+        self.calls.append(("iter",))
+        return self._batches(*self.position)
+
+    def _batches(self, epoch: int, start: int):
+        order = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(epoch))
+        for i in range(start, len(self)):
+            idx = order[i * self.batch:(i + 1) * self.batch]
+            yield self.x[idx], self.y[idx]
+
+
+class LoaderAtEpochEnd(Hook):
+    """What the loader had been asked for when each epoch's end hooks ran (where the evaluation runs)."""
+
+    def __init__(self):
+        self.seen: list[list[tuple]] = []
+
+    def after_epoch(self, trainer):
+        self.seen.append(list(trainer.loader.calls))
+
+
+def eager_toy(hooks, epochs: int = 3) -> Trainer:
+    """toy() over an EagerToyLoader."""
+    trainer = toy(hooks, epochs=epochs)
+    trainer.loader = EagerToyLoader(6)
+    return trainer
+
+
+def test_the_next_epochs_batches_start_before_the_epochs_end_hooks_and_train_the_same():
+    seen = LoaderAtEpochEnd()
+    trainer = eager_toy([seen])
+    trainer.train()
+    start = [("set_epoch", 0, 0), ("iter",)]
+    assert seen.seen == [
+        start + [("set_epoch", 1, 0), ("iter",)],  # epoch 1's loading runs beside epoch 0's evaluation
+        start + [("set_epoch", 1, 0), ("iter",), ("set_epoch", 2, 0), ("iter",)],
+        start + [("set_epoch", 1, 0), ("iter",), ("set_epoch", 2, 0), ("iter",)],  # the last: nothing after it
+    ]
+    plain = toy(epochs=3)  # the lazy loader starts each epoch after the hooks: the same batches, the same weights
+    plain.train()
+    assert all(torch.equal(a, b) for a, b in zip(weights(trainer), weights(plain), strict=True))
+
+
+class StopAfterFirstEpoch(Hook):
+    """Stops the run at the first epoch's end (as --pause-after-epoch does), keeping the batches started by then."""
+
+    def after_epoch(self, trainer):
+        self.started = trainer._next[1]
+        raise StopRun("paused", "paused after epoch 1")
+
+
+def test_a_stop_at_an_epoch_end_closes_the_next_epochs_started_batches():
+    stop = StopAfterFirstEpoch()
+    trainer = eager_toy([stop])
+    assert trainer.train() == {"status": "paused", "step": 6}
+    assert inspect.getgeneratorstate(stop.started) == inspect.GEN_CLOSED  # its readers end with the run
