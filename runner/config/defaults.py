@@ -255,7 +255,8 @@ _C.TRAIN.EMA = False
 _C.TRAIN.EMA_DECAY = 0.9998
 # Linear LR scaling: 0 = off; else LR *= global batch / LR_REF_BATCH
 _C.TRAIN.LR_REF_BATCH = 0
-# Use fused/foreach optimizer kernels where available
+# Use fused/foreach optimizer kernels where available (SGD is not fused under float16's gradient scaler: torch's
+# fused SGD keeps uninitialised momentum when the scaler skips its first step)
 _C.TRAIN.FUSED = True
 # Stop after this many optimizer steps in total; 0 = no cap
 _C.TRAIN.MAX_STEPS = 0
