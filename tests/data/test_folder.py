@@ -22,6 +22,7 @@ from runner.data.folder import (
     check_budget,
     check_file,
     open_image,
+    scan,
     scan_folder,
     timm_transform,
 )
@@ -160,6 +161,16 @@ def test_structural_problems_are_one_clear_error(tree: Path, breakage: str, expe
 def test_empty_data_root_is_an_error():
     with pytest.raises(UserError, match="DATA.ROOT is empty"):
         scan_folder(make_cfg(""))
+
+
+@pytest.mark.parametrize("below_s", [1.0, 0.0])
+def test_the_check_gives_each_files_reason_in_order_in_one_thread_or_on_a_pool(tree: Path, monkeypatch, below_s):
+    """Fast files are checked in this thread; a slow chunk (below_s 0: every chunk) hands the rest to a pool."""
+    paths = sorted(str(p) for p in tree.rglob("*.*") if "/." not in str(p))
+    monkeypatch.setattr(scan, "SERIAL_CHUNK", 4)
+    monkeypatch.setattr(scan, "SERIAL_BELOW_S", below_s)
+    assert scan._check_all(paths) == [check_file(p) for p in paths]
+    assert sum(r is not None for r in scan._check_all(paths)) >= 3
 
 
 def test_scan_is_parallel_and_fast_enough(tmp_path: Path):
