@@ -31,9 +31,14 @@ class _NoWandbForTimm(importlib.abc.MetaPathFinder):
 def prepare() -> threads.Choice:
     """Before torch loads: the CPU-thread choice in the environment (libgomp reads it once, as torch loads) and
     timm's own `import wandb` skipped; idempotent. Returns the thread choice."""
+    skip_timms_wandb()
+    return threads.configure(look=not _main_rerun_by_multiprocessing())
+
+
+def skip_timms_wandb() -> None:
+    """Answer timm's own `import wandb` with "not installed" in this process from now on; idempotent."""
     if not any(isinstance(f, _NoWandbForTimm) for f in sys.meta_path):
         sys.meta_path.insert(0, _NoWandbForTimm())
-    return threads.configure(look=not _main_rerun_by_multiprocessing())
 
 
 def _main_rerun_by_multiprocessing() -> bool:

@@ -38,9 +38,11 @@ def stop_signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-# imported in the server only: it leaves at once when the run ends (its interpreter's teardown held the run's
-# output streams open for 1.3 s after the run had exited)
+# imported in the server only, first and last: it skips timm's own import of wandb, and it leaves at once when
+# the run ends (its interpreter's teardown held the run's output streams open for 1.3 s after the run had exited)
+SERVER_START = "runner.data.serverstart"
 SERVER_EXIT = "runner.data.serverexit"
+SERVER_ONLY = (SERVER_START, SERVER_EXIT)
 
 
 def start_server(preload: list[str]) -> None:
@@ -49,7 +51,7 @@ def start_server(preload: list[str]) -> None:
     import multiprocessing
     from multiprocessing import forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload([*preload, SERVER_EXIT])
+    multiprocessing.get_context("forkserver").set_forkserver_preload([SERVER_START, *preload, SERVER_EXIT])
     with stop_signals_held():  # the server and every worker it forks inherit them held back
         forkserver.ensure_running()
 

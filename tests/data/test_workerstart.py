@@ -76,3 +76,38 @@ def test_the_runs_output_ends_with_the_run_not_with_the_servers_teardown(tmp_pat
     for reader in readers:
         reader.join(timeout=60)
     assert max(ends.values()) - exited < 1.0, (ends, exited)
+
+
+SERVER_MODULES = """
+import json, sys
+from runner.startup import prepare
+prepare()
+from runner.data.workerstart import start_server
+import multiprocessing as mp
+
+
+def report(queue):
+    queue.put(sorted(m for m in ("wandb", "timm", "torch") if m in sys.modules))
+
+
+if __name__ == "__main__":
+    start_server(["torch", "runner.data.folder.dataset"])  # the folder source's preload
+    ctx = mp.get_context("forkserver")
+    queue = ctx.Queue()
+    worker = ctx.Process(target=report, args=(queue,))
+    worker.start()
+    print(json.dumps(queue.get(timeout=120)))
+    worker.join()
+"""
+
+
+def test_the_server_skips_timms_own_import_of_wandb(tmp_path: Path):
+    """timm imports wandb at `import timm` where it is installed (0.4 s of the server's preload here); the server
+    answers it "not installed" as the run does, so a worker forked from it holds timm but not wandb."""
+    pytest.importorskip("wandb")
+    script = tmp_path / "tool.py"
+    script.write_text(SERVER_MODULES)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                         env=env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["timm", "torch"]
