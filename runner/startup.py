@@ -18,13 +18,8 @@ class _NoWandbForTimm(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path=None, target=None):
         """ImportError for `import wandb` from timm.utils.summary; None (no opinion) for everything else."""
-        if name != "wandb":
-            return None
-        frame = sys._getframe(1)
-        while frame is not None:
-            if frame.f_globals.get("__name__") == "timm.utils.summary":
-                raise ImportError("wandb is not imported for timm's own logging (see runner/startup.py)")
-            frame = frame.f_back
+        if name == "wandb" and _on_stack("timm.utils.summary"):
+            raise ImportError("wandb is not imported for timm's own logging (see runner/startup.py)")
         return None
 
 
@@ -45,9 +40,14 @@ def _main_rerun_by_multiprocessing() -> bool:
     """Whether the tool calling this runs as `__mp_main__`: multiprocessing re-running it in a loader worker or
     the fork server, where torch runs one thread and the 0.2 s look at the cores would only delay the first
     batch (the main process's write of a worker's start-up data waits for the worker to have done this)."""
+    return _on_stack("__mp_main__")
+
+
+def _on_stack(module: str) -> bool:
+    """Whether code of the module named `module` is among this call's callers."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_globals.get("__name__") == "__mp_main__":
+        if frame.f_globals.get("__name__") == module:
             return True
         frame = frame.f_back
     return False
