@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.abc
 import sys
 
-from runner import threads
+from runner import malloc, threads
 
 
 class _NoWandbForTimm(importlib.abc.MetaPathFinder):
@@ -24,9 +24,11 @@ class _NoWandbForTimm(importlib.abc.MetaPathFinder):
 
 
 def prepare() -> threads.Choice:
-    """Before torch loads: the CPU-thread choice in the environment (libgomp reads it once, as torch loads) and
-    timm's own `import wandb` skipped; idempotent. Returns the thread choice."""
+    """Before torch loads: the CPU-thread choice in the environment (libgomp reads it once, as torch loads),
+    timm's own `import wandb` skipped and malloc keeping freed memory (runner.malloc); idempotent. Returns the
+    thread choice."""
     skip_timms_wandb()
+    malloc.configure()
     return threads.configure(look=not _main_rerun_by_multiprocessing())
 
 

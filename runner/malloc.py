@@ -1,0 +1,80 @@
+"""glibc's malloc told to keep the memory a training step frees for the next step, instead of handing it back to
+the kernel and faulting it in again; applied once per process by `runner.startup.prepare()` (and in the loader
+workers' fork server). Torch-free.
+
+By default glibc returns the free memory at the top of its heap to the kernel once more than its trim threshold
+is free there, and that threshold follows its mmap threshold (twice it, so at most 64 MB). A step frees its
+activations at its end and asks for as much again at the next one, so each step the kernel maps and zeroes those
+pages anew: on the digits JPEG job (resnet18, 32 px, 10 epochs, 2 cores) 2.5 million page faults and 5.6 s of
+system time in a 24 s run; with the freed memory kept, 0.2 million, 1.0 s and 20.3 s (docs/PERFORMANCE.md).
+
+Setting either threshold turns off glibc's own adjustment of both, so both are set: the mmap threshold to 32 MB,
+the ceiling glibc's adjustment reaches by itself (allocations land where a warmed-up glibc puts them: larger ones
+still get a mapping of their own, returned when freed), and the trim threshold to 2 GiB (the most mallopt takes):
+up to that much free memory stays in the process. The process's peak memory is the same; it just does not fall
+between steps.
+
+The user's choice wins: MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ in the environment, either as a
+glibc.malloc tunable in GLIBC_TUNABLES, or another allocator in LD_PRELOAD (jemalloc, tcmalloc, mimalloc) leaves
+malloc as it is. Outside glibc (macOS, musl) nothing changes.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from collections.abc import Mapping
+
+M_TRIM_THRESHOLD = -1  # glibc's <malloc.h>
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 * 1024 * 1024  # DEFAULT_MMAP_THRESHOLD_MAX on 64-bit glibc
+TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
+
+USER_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
+USER_TUNABLES = ("glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold")
+OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+_state: str | None = None  # what configure() did in this process
+
+
+def users_choice(env: Mapping[str, str]) -> str | None:
+    """What in the environment already decides how malloc returns memory, or None."""
+    for name in USER_VARIABLES:
+        if env.get(name):
+            return f"{name} from the environment"
+    tunables = env.get("GLIBC_TUNABLES", "")
+    for name in USER_TUNABLES:
+        if name in tunables:
+            return f"{name} from GLIBC_TUNABLES"
+    preload = env.get("LD_PRELOAD", "")
+    for name in OTHER_ALLOCATORS:
+        if name in preload:
+            return f"{name} from LD_PRELOAD"
+    return None
+
+
+def configure(env: Mapping[str, str] | None = None) -> str:
+    """Keep freed memory in this process unless the environment decides otherwise; idempotent. Returns what it
+    did, as describe() says it."""
+    global _state
+    if _state is None:
+        _state = _apply(os.environ if env is None else env)
+    return _state
+
+
+def _apply(env: Mapping[str, str]) -> str:
+    """Set both thresholds through glibc's mallopt, or say why not."""
+    why = users_choice(env)
+    if why is not None:
+        return f"as the environment sets it ({why})"
+    if platform.libc_ver()[0] != "glibc":
+        return "the C library's default (not glibc)"
+    libc = ctypes.CDLL(None)
+    if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        return "glibc's default (mallopt refused the thresholds)"
+    return "freed memory kept for reuse (glibc trim threshold 2 GiB, mmap threshold 32 MB)"
+
+
+def describe() -> str:
+    """env.txt's line: what this process's malloc does with freed memory."""
+    return configure()
