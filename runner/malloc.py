@@ -76,5 +76,5 @@ def _apply(env: Mapping[str, str]) -> str:
 
 
 def describe() -> str:
-    """env.txt's line: what this process's malloc does with freed memory."""
-    return configure()
+    """env.txt's line: what this process's malloc does with freed memory (changes nothing)."""
+    return _state or "the C library's default (runner.startup.prepare() was not called)"

@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from runner import malloc
 from runner.threads import affinity_cpus
 
 NOT_INSTALLED = "not installed"
@@ -37,6 +38,7 @@ def collect_env(free_mem_devices: Iterable[int] | None = None) -> dict[str, Any]
         "packages": {name: _package_version(name) for name in _PACKAGES},
         "cpu": _cpu_info(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "malloc": malloc.describe(),
     }
     info.update(_torch_info(free_mem_devices))
     if info.get("torch_version"):  # the runtime string carries the build tag (+cu132) the wheel name lacks
@@ -64,6 +66,7 @@ def format_env(info: dict[str, Any]) -> str:
         ("CPU model", cpu.get("model") or "unknown"),
         ("CPUs", f"{cpu.get('usable')} usable of {cpu.get('count')}"),
         ("torch threads", cpu.get("torch_threads") or _NO_TORCH),
+        ("malloc", info.get("malloc") or "unknown"),
         ("CUDA_VISIBLE_DEVICES", info.get("cuda_visible_devices") or "unset"),
         ("CUDA available", _yes_no(info.get("cuda_available"))),
         ("bf16 (all GPUs)", _yes_no(info.get("bf16"))),
