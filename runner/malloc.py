@@ -3,16 +3,18 @@ the kernel and faulting it in again; applied once per process by `runner.startup
 workers' fork server). Torch-free.
 
 By default glibc returns the free memory at the top of its heap to the kernel once more than its trim threshold
-is free there, and that threshold follows its mmap threshold (twice it, so at most 64 MB). A step frees its
-activations at its end and asks for as much again at the next one, so each step the kernel maps and zeroes those
-pages anew: on the digits JPEG job (resnet18, 32 px, 10 epochs, 2 cores) 2.5 million page faults and 5.6 s of
-system time in a 24 s run; with the freed memory kept, 0.2 million, 1.0 s and 20.3 s (docs/PERFORMANCE.md).
+is free there, and serves each allocation over its mmap threshold with a mapping of its own, unmapped when freed;
+it raises both thresholds as it sees large blocks freed, up to 32 and 64 MB. A step frees its activations at its
+end and asks for as much again at the next one, so the kernel maps and zeroes those pages anew every step: on the
+CPU, resnet50 at 224 px, batch 16, took 2.5-2.9 million page faults and 4.1-4.9 s of system time in a 24 s
+`tools/benchmark.py` run; with the memory kept, 1.4 million and 2.3-2.5 s, 3-4% faster (docs/PERFORMANCE.md). How
+often glibc's own adjustment trims also depends on what the process freed first: the same digits run faulted
+2.5 million pages once and 0.2 million other times; kept, 0.2 million every time.
 
-Setting either threshold turns off glibc's own adjustment of both, so both are set: the mmap threshold to 32 MB,
-the ceiling glibc's adjustment reaches by itself (allocations land where a warmed-up glibc puts them: larger ones
-still get a mapping of their own, returned when freed), and the trim threshold to 2 GiB (the most mallopt takes):
-up to that much free memory stays in the process. The process's peak memory is the same; it just does not fall
-between steps.
+Setting either threshold turns glibc's adjustment off, so both are set: allocations up to 1 GiB come from the
+heap (larger ones still get a mapping of their own, returned when freed), and up to 2 GiB of free memory (the most
+mallopt takes) stays in the process for the next step. The process's peak memory is the same (within 2%); it just
+does not fall between steps.
 
 The user's choice wins: MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ in the environment, either as a
 glibc.malloc tunable in GLIBC_TUNABLES, or another allocator in LD_PRELOAD (jemalloc, tcmalloc, mimalloc) leaves
@@ -27,7 +29,7 @@ from collections.abc import Mapping
 
 M_TRIM_THRESHOLD = -1  # glibc's <malloc.h>
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 32 * 1024 * 1024  # DEFAULT_MMAP_THRESHOLD_MAX on 64-bit glibc
+MMAP_THRESHOLD = 2**30
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
 
 USER_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
@@ -72,7 +74,7 @@ def _apply(env: Mapping[str, str]) -> str:
     libc = ctypes.CDLL(None)
     if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         return "glibc's default (mallopt refused the thresholds)"
-    return "freed memory kept for reuse (glibc trim threshold 2 GiB, mmap threshold 32 MB)"
+    return "freed memory kept for reuse (glibc trim threshold 2 GiB, mmap threshold 1 GiB)"
 
 
 def describe() -> str:
