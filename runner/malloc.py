@@ -42,7 +42,7 @@ _state: str | None = None  # what configure() did in this process
 def users_choice(env: Mapping[str, str]) -> str | None:
     """What in the environment already decides how malloc returns memory, or None."""
     for name in USER_VARIABLES:
-        if env.get(name):
+        if name in env:  # set empty too: glibc reads "" as 0
             return f"{name} from the environment"
     tunables = env.get("GLIBC_TUNABLES", "")
     for name in USER_TUNABLES:
