@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runner import malloc
-from tests.utils import ROOT
+from tests.utils import ROOT, forked_worker_script
 
 # The issue's digits step (resnet18, 32 px, batch 64, SGD with momentum): its activations are freed at each step's
 # end and asked for again at the next. glibc left alone hands some of them back to the kernel most steps (up to
@@ -50,28 +50,12 @@ print(json.dumps({"faults": faults(), "line": malloc.describe()}))
 """
 PREPARED = "from runner.startup import prepare\nprepare()\n" + PROBE
 
-WORKER = """
-import json, sys
-from runner.startup import prepare
-prepare()
-import multiprocessing as mp
-from runner.data.workerstart import start_server
-""" + STEP + """
+WORKER = forked_worker_script(["torch", "timm"], STEP + """
 
 def report(queue):
     from runner import malloc
     queue.put({"faults": faults(), "line": malloc.describe()})
-
-
-if __name__ == "__main__":
-    start_server(["torch", "timm"])
-    ctx = mp.get_context("forkserver")
-    queue = ctx.Queue()
-    worker = ctx.Process(target=report, args=(queue,))
-    worker.start()
-    print(json.dumps(queue.get(timeout=120)))
-    worker.join()
-"""
+""")
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -16,6 +16,28 @@ TINY = ["MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "64
         "LOG.PERIOD", "5", "TRAIN.LR", "0.05", "DATA.NUM_WORKERS", "0"]
 
 
+def forked_worker_script(preload: list[str], body: str) -> str:
+    """A tool-like script: it prepares, starts the loader workers' fork server with `preload`, forks one worker
+    from it that runs `report(queue)` (defined in `body`) and prints, as JSON, what that put in the queue."""
+    return f"""
+import json, sys
+from runner.startup import prepare
+prepare()
+import multiprocessing as mp
+from runner.data.workerstart import start_server
+{body}
+
+if __name__ == "__main__":
+    start_server({preload!r})
+    ctx = mp.get_context("forkserver")
+    queue = ctx.Queue()
+    worker = ctx.Process(target=report, args=(queue,))
+    worker.start()
+    print(json.dumps(queue.get(timeout=120)))
+    worker.join()
+"""
+
+
 def env(**extra: str) -> dict:
     """The test environment: few threads so two processes share two cores, no terminal progress bar."""
     e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

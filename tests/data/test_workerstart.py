@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.data.fixtures import export_digits_jpegs
-from tests.utils import ROOT, TRAIN, env
+from tests.utils import ROOT, TRAIN, env, forked_worker_script
 
 # a fresh process: the early start for a config, whether this process had imported torch by then, and whether the
 # server it started is alive (its pid is multiprocessing's own record)
@@ -78,27 +78,11 @@ def test_the_runs_output_ends_with_the_run_not_with_the_servers_teardown(tmp_pat
     assert max(ends.values()) - exited < 1.0, (ends, exited)
 
 
-SERVER_MODULES = """
-import json, sys
-from runner.startup import prepare
-prepare()
-from runner.data.workerstart import start_server
-import multiprocessing as mp
-
-
+# the folder source's preload; the worker reports which of these it holds
+SERVER_MODULES = forked_worker_script(["torch", "runner.data.folder.dataset"], """
 def report(queue):
     queue.put(sorted(m for m in ("wandb", "timm", "torch") if m in sys.modules))
-
-
-if __name__ == "__main__":
-    start_server(["torch", "runner.data.folder.dataset"])  # the folder source's preload
-    ctx = mp.get_context("forkserver")
-    queue = ctx.Queue()
-    worker = ctx.Process(target=report, args=(queue,))
-    worker.start()
-    print(json.dumps(queue.get(timeout=120)))
-    worker.join()
-"""
+""")
 
 
 def test_the_server_skips_timms_own_import_of_wandb(tmp_path: Path):
