@@ -100,6 +100,18 @@ def wait_task_end(root: Path, point: str, timeout: float = 60, job: str | None =
     raise AssertionError(f"no task of {point} ended within {timeout} s")
 
 
+def wait_job_state(cluster: Cluster, job: str, timeout: float = 60) -> str:
+    """The job's JobState once it has left the queue's live states (the batch shell's last line runs before)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        shown = cluster.run("scontrol", "show", "job", job, check=False).stdout
+        found = re.search(r"JobState=(\w+)", shown)
+        if found and found.group(1) not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return found.group(1)
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} still live after {timeout} s:\n{shown}")
+
+
 def wait_resumed(cluster: Cluster, out: Path, since: float, timeout: float = 90) -> tuple[int, float]:
     """The step the run stopped at, and the seconds from `since` until the requeued task logged the next one."""
     end = time.monotonic() + timeout
@@ -531,7 +543,8 @@ def test_busy_folder_of_another_config_fails(slurm_cluster: Cluster, tmp_path: P
     job = second.stdout.split("array job ")[1].split()[0]
     end = wait_task_end(state(out), "pt", job=job)  # the second task's end; the first still trains
     assert end["action"] == "failed" and end["rc"] == 2 and "TRAIN.LR" in end["why"], end
-    assert "JobState=FAILED" in slurm_cluster.run("scontrol", "show", "job", f"{job}_0").stdout
+    # the end event is written by the task's shell before it exits: SLURM may still show it RUNNING or COMPLETING
+    assert wait_job_state(slurm_cluster, f"{job}_0") == "FAILED"
     slurm_cluster.cancel_all()
 
 
