@@ -15,12 +15,12 @@ from runner import malloc
 from tests.utils import ROOT, forked_worker_script
 
 # The issue's digits step (resnet18, 32 px, batch 64, SGD with momentum): its activations are freed at each step's
-# end and asked for again at the next. glibc left alone hands some of them back to the kernel most steps (up to
-# 9,000 page faults a step here, 60,000-90,000 in all); kept, the heap settles after the first steps (an odd step
-# still grows it a little).
+# end and asked for again at the next. glibc left alone hands some of them back to the kernel at every step (3,000-
+# 9,000 page faults each here); kept, most steps fault nothing, and an odd step still grows the heap a little (up
+# to ~2,700 faults once, more often under load: 4,400 in all once in CI), so the tests judge the median step.
 STEPS = 12
 STEP = """
-import json, resource, sys
+import json, resource, statistics, sys
 import timm
 import torch
 
@@ -36,17 +36,22 @@ def faults():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    def minflt():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
     for _ in range(3):  # the first steps fault their pages in whatever malloc does (the heap grows)
         step()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    each = []
     for _ in range(STEPS):
+        before = minflt()
         step()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        each.append(minflt() - before)
+    return {"median": statistics.median(each), "total": sum(each), "each": each}
 """.replace("STEPS", str(STEPS))
 
 PROBE = STEP + """
 from runner import malloc
-print(json.dumps({"faults": faults(), "line": malloc.describe()}))
+print(json.dumps({**faults(), "line": malloc.describe()}))
 """
 PREPARED = "from runner.startup import prepare\nprepare()\n" + PROBE
 
@@ -54,7 +59,7 @@ WORKER = forked_worker_script(["torch", "timm"], STEP + """
 
 def report(queue):
     from runner import malloc
-    queue.put({"faults": faults(), "line": malloc.describe()})
+    queue.put({**faults(), "line": malloc.describe()})
 """)
 
 
@@ -80,8 +85,9 @@ glibc = pytest.mark.skipif(malloc.platform.libc_ver()[0] != "glibc", reason="the
 @glibc
 def test_a_prepared_process_keeps_what_a_step_frees(tmp_path: Path):
     unprepared, prepared = _run(PROBE, tmp_path), _run(PREPARED, tmp_path)
-    assert unprepared["faults"] > 1000 * STEPS, unprepared  # glibc alone hands some back most steps
-    assert prepared["faults"] < min(300 * STEPS, unprepared["faults"] // 4), (prepared, unprepared)
+    assert unprepared["median"] > 1000, unprepared  # glibc alone hands some back at every step
+    assert prepared["median"] < 50, (prepared, unprepared)  # kept: most steps fault nothing
+    assert prepared["total"] < unprepared["total"] // 4, (prepared, unprepared)
     assert prepared["line"].startswith("freed memory kept for reuse")
     assert "prepare() was not called" in unprepared["line"]
 
@@ -92,16 +98,16 @@ def test_a_prepared_process_keeps_what_a_step_frees(tmp_path: Path):
 def test_the_users_own_malloc_setting_wins(tmp_path: Path, env: dict[str, str]):
     # a 128 KB mmap threshold maps every larger activation anew: the user's choice, kept as given
     got = _run(PREPARED, tmp_path, **env)
-    assert got["faults"] > 1000 * STEPS, got
+    assert got["median"] > 1000, got
     assert got["line"].startswith("as the environment sets it"), got
 
 
 @glibc
 def test_a_loader_worker_from_the_fork_server_keeps_it_too(tmp_path: Path):
     got = _run(WORKER, tmp_path)
-    # a worker forked from the server also copies the server's pages on first write: a few thousand faults more
-    # than the run's process, still a tenth of what an unprepared process faults (60,000-90,000 here)
-    assert got["faults"] < 1000 * STEPS and got["line"].startswith("freed memory kept for reuse"), got
+    # a worker forked from the server also copies the server's pages on its first writes: a few thousand faults
+    # more than the run's process in all, but its median step still faults nothing
+    assert got["median"] < 50 and got["line"].startswith("freed memory kept for reuse"), got
 
 
 @pytest.mark.parametrize("env, why", [
