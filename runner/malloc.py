@@ -7,14 +7,14 @@ is free there, and serves each allocation over its mmap threshold with a mapping
 it raises both thresholds as it sees large blocks freed, up to 32 and 64 MB. A step frees its activations at its
 end and asks for as much again at the next one, so the kernel maps and zeroes those pages anew every step: on the
 CPU, resnet50 at 224 px, batch 16, took 2.5-2.9 million page faults and 4.1-4.9 s of system time in a 24 s
-`tools/benchmark.py` run; with the memory kept, 1.4 million and 2.3-2.5 s, 3-4% faster (docs/PERFORMANCE.md). How
+`tools/benchmark.py` run; with the memory kept, 1.4-1.5 million and 2.4-2.7 s, 3-4% faster (docs/PERFORMANCE.md). How
 often glibc's own adjustment trims also depends on what the process freed first: the same digits run faulted
 2.5 million pages once and 0.2 million other times; kept, 0.2 million every time.
 
 Setting either threshold turns glibc's adjustment off, so both are set: allocations up to 1 GiB come from the
 heap (larger ones still get a mapping of their own, returned when freed), and up to 2 GiB of free memory (the most
-mallopt takes) stays in the process for the next step. The process's peak memory is the same (within 2%); it just
-does not fall between steps.
+mallopt takes) stays in the process for the next step. The process's peak memory is the same (3.67-3.85 GB either
+way in those runs); it just does not fall between steps.
 
 The user's choice wins: MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ in the environment, either as a
 glibc.malloc tunable in GLIBC_TUNABLES, or another allocator in LD_PRELOAD (jemalloc, tcmalloc, mimalloc) leaves
