@@ -519,15 +519,16 @@ def test_plateau_run_killed_in_its_third_epoch_resumes_exactly(tmp_path):
     import sys
 
     from tests.engine.test_resume import DIGITS, RESUMED, STEPS_PER_EPOCH, Launch, assert_same_run, train_rows
-    from tests.utils import TRAIN, wait_file
+    from tests.utils import TRAIN, wait_last_checkpoint
 
     ref, out = tmp_path / "alone", tmp_path / "killed"
     argv = [sys.executable, TRAIN, "--cfg", DIGITS, *PLATEAU_RUN, "OUTPUT_DIR"]
     launches = [Launch([*argv, str(ref)], tmp_path, "alone"), Launch([*argv, str(out)], tmp_path, "killed")]
     try:
         launches[1].wait_step(2 * STEPS_PER_EPOCH + 1)
-        # epoch 2's checkpoint is written in the background (CHECKPOINT.ASYNC): the kill comes once it is whole
-        wait_file(out / "checkpoints" / f"step_{2 * STEPS_PER_EPOCH:08d}.pth", launches[1].p)
+        # epoch 2's checkpoint is written in the background (CHECKPOINT.ASYNC): the kill comes once a resume
+        # would read it (last.pth is linked to it after its file appears; CI once killed in between)
+        wait_last_checkpoint(out, 2 * STEPS_PER_EPOCH, launches[1].p)
         launches[1].p.send_signal(signal.SIGKILL)
         assert launches[1].finish(60) == -signal.SIGKILL
         launches.append(Launch([*argv, str(out)], tmp_path, "resumed"))

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,8 +105,27 @@ def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> str
 
 def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
     """Block until `path` exists (a file the process under test writes), failing if `proc` ends first."""
+    wait_until(path.exists, proc, f"{path} exists", timeout)
+
+
+def wait_last_checkpoint(out: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Block until a resume of `out` would start at `step`: checkpoints/last.pth is step N's file. (The step file
+    appears first; save_checkpoint reads it back, then links last.pth to it, and a resume tries last.pth first.)"""
+    d = out / "checkpoints"
+
+    def linked() -> bool:
+        try:
+            return os.path.samefile(d / "last.pth", d / f"step_{step:08d}.pth")
+        except FileNotFoundError:
+            return False
+
+    wait_until(linked, proc, f"{d / 'last.pth'} is step {step}'s checkpoint", timeout)
+
+
+def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    """Block until `ready()` (a state the process under test brings about), failing if `proc` ends first."""
     end = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the process ended (rc {proc.returncode}) before {path} existed"
-        assert time.monotonic() < end, f"{path} did not appear within {timeout} s"
+    while not ready():
+        assert proc.poll() is None, f"the process ended (rc {proc.returncode}) before {what}"
+        assert time.monotonic() < end, f"not within {timeout} s: {what}"
         time.sleep(0.01)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from runner.data.memory import random_shift
-from runner.data.workerstart import STOP_SIGNALS, cpu_share, start_server, stop_signals_held
+from runner.data.workerstart import STOP_SIGNALS, cpu_share, quiet_exit, start_server, stop_signals_held
 from runner.distributed import Dist
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -314,6 +314,8 @@ def worker_options(cfg: Any, dataset: Any) -> dict:
     ctx = multiprocessing.get_context(cfg.DATA.WORKER_START)
     if cfg.DATA.WORKER_START == "forkserver":  # started already by tools/train.py (start_early), or now
         start_server(["torch", type(dataset).__module__])
+    if cfg.DATA.WORKER_START != "fork":  # its queues' semaphores are named: see quiet_exit
+        quiet_exit()
     from runner.sinks import logging_setup
 
     return {"multiprocessing_context": ctx, "worker_init_fn": functools.partial(_seed_worker, logs=logging_setup())}

@@ -6,8 +6,11 @@ the dataset's module (about 2 s of one core) runs beside the run's imports and s
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,6 +57,38 @@ def start_server(preload: list[str]) -> None:
     multiprocessing.get_context("forkserver").set_forkserver_preload([SERVER_START, *preload, SERVER_EXIT])
     with stop_signals_held():  # the server and every worker it forks inherit them held back
         forkserver.ensure_running()
+
+
+# How long the exit waits for the loader queues' feeder threads (each ends once its queue's last put is written)
+FEEDER_WAIT_S = 3.0
+_quiet_exit_pid = 0  # the process that registered quiet_exit (a forked child inherits the flag, not the finalizer)
+
+
+def quiet_exit() -> None:
+    """Have this process's exit wait for its loader queues' feeder threads; idempotent.
+
+    A forkserver or spawn loader's queues hold named semaphores, registered with multiprocessing's resource
+    tracker. When a loader is dropped, a garbage collection that a feeder thread happens to run can unlink them;
+    a process that ends while that thread is between the unlink and telling the tracker makes the tracker print
+    six lines of warnings on the run's stderr after it has exited (seen in CI on tools/predict.py). Queues are
+    told to close at exit priority 10 (multiprocessing's own finalizers); this runs at 5: it turns automatic
+    collection off for the rest of the exit, so no other thread starts one, and joins the feeder threads.
+    """
+    global _quiet_exit_pid
+    if _quiet_exit_pid != os.getpid():
+        from multiprocessing import util
+
+        util.Finalize(None, _join_feeders, exitpriority=5)
+        _quiet_exit_pid = os.getpid()
+
+
+def _join_feeders() -> None:
+    """Stop automatic garbage collection, then wait (FEEDER_WAIT_S at most) for the queues' feeder threads."""
+    gc.disable()
+    end = time.monotonic() + FEEDER_WAIT_S
+    for thread in threading.enumerate():
+        if thread.name == "QueueFeederThread" and thread is not threading.current_thread():
+            thread.join(max(0.0, end - time.monotonic()))
 
 
 def cpu_share() -> tuple[int, int]:

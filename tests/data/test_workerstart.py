@@ -95,3 +95,67 @@ def test_the_server_skips_timms_own_import_of_wandb(tmp_path: Path):
                          env=env())
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["timm", "torch"]
+
+
+# A forkserver queue's semaphore unlinked by its feeder thread (a collection there dropped the last reference),
+# the thread then descheduled for 0.5 s before it tells the resource tracker, as on a loaded machine, while the
+# main process exits: argv[1] the exit (the interpreter's teardown, or run_script's quick exit after torch),
+# argv[2] "quiet" where the process called quiet_exit (worker_options does, for forkserver and spawn loaders)
+FEEDER_RACE = """
+import sys, threading, time
+from multiprocessing import get_context, resource_tracker
+
+if sys.argv[1] == "run_script":
+    import torch  # run_script's quick exit is for a process that imported torch
+    from runner.errors import run_script
+if sys.argv[2] == "quiet":
+    from runner.data.workerstart import quiet_exit
+    quiet_exit()
+in_cleanup = threading.Event()
+unregister = resource_tracker.unregister
+
+
+def descheduled(name, rtype):
+    if threading.current_thread().name == "QueueFeederThread":
+        in_cleanup.set()
+        time.sleep(0.5)
+    unregister(name, rtype)
+
+
+resource_tracker.unregister = descheduled
+
+
+class Holder:
+    '''Pickled as 0: the feeder thread drops the last reference to the lock once it has pickled it.'''
+    def __init__(self, lock):
+        self.lock = lock
+
+    def __reduce__(self):
+        return (int, (0,))
+
+
+ctx = get_context("forkserver")
+queue = ctx.Queue()
+queue.cancel_join_thread()  # as DataLoader does with its index queues
+queue.put(Holder(ctx.Lock()))
+assert in_cleanup.wait(60)
+if sys.argv[1] == "run_script":
+    run_script(lambda: sys.exit(0))
+"""
+
+
+@pytest.mark.parametrize("exit_path", ["teardown", "run_script"])
+def test_an_exit_waits_for_a_feeder_thread_that_is_freeing_a_semaphore(exit_path: str, tmp_path: Path):
+    """The exit waits for the feeder thread, and the tracker has nothing to say: without quiet_exit it printed
+    its warnings (a leaked semaphore, and `No such file or directory` on unlinking it) on the run's stderr after
+    the process had ended (CI, tools/predict.py)."""
+    script = tmp_path / "race.py"
+    script.write_text(FEEDER_RACE)
+    results = {}
+    for how in ("plain", "quiet"):
+        res = subprocess.run([sys.executable, str(script), exit_path, how], capture_output=True, text=True,
+                             timeout=180, cwd=ROOT, env=env())
+        assert res.returncode == 0, res.stderr[-2000:]
+        results[how] = res.stderr
+    assert "resource_tracker" in results["plain"] and "No such file or directory" in results["plain"]
+    assert results["quiet"] == ""
