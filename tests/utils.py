@@ -109,17 +109,21 @@ def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 def wait_last_checkpoint(out: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    """Block until a resume of `out` would start at `step`: checkpoints/last.pth is step N's file. (The step file
-    appears first; save_checkpoint reads it back, then links last.pth to it, and a resume tries last.pth first.)"""
-    d = out / "checkpoints"
+    """Block until a resume of `out` would start at `step` or later: checkpoints/last.pth is the file of such a
+    step. (A step file appears first; save_checkpoint reads it back, then links last.pth to it, and a resume tries
+    last.pth first.)"""
+    from runner.rundir.checkpoints import step_files
+    from runner.rundir.layout import LAST, checkpoints
+
+    d = checkpoints(out)
 
     def linked() -> bool:
         try:
-            return os.path.samefile(d / "last.pth", d / f"step_{step:08d}.pth")
-        except FileNotFoundError:
+            return any(s >= step and os.path.samefile(d / LAST, p) for s, p in step_files(d))
+        except FileNotFoundError:  # no last.pth yet, or a step file pruned meanwhile
             return False
 
-    wait_until(linked, proc, f"{d / 'last.pth'} is step {step}'s checkpoint", timeout)
+    wait_until(linked, proc, f"{d / LAST} is the checkpoint of step {step} or later", timeout)
 
 
 def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 120) -> None:

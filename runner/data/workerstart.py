@@ -70,7 +70,7 @@ def quiet_exit() -> None:
     A forkserver or spawn loader's queues hold named semaphores, registered with multiprocessing's resource
     tracker. When a loader is dropped, a garbage collection that a feeder thread happens to run can unlink them;
     a process that ends while that thread is between the unlink and telling the tracker makes the tracker print
-    six lines of warnings on the run's stderr after it has exited (seen in CI on tools/predict.py). Queues are
+    four lines of warnings on the run's stderr after it has exited (seen in CI on tools/predict.py). Queues are
     told to close at exit priority 10 (multiprocessing's own finalizers); this runs at 5: it turns automatic
     collection off for the rest of the exit, so no other thread starts one, and joins the feeder threads.
     """
