@@ -63,10 +63,11 @@ LAYERS = [
     ["runner", "runner.errors", "runner.compat", "runner.fsutil", "runner.threads", "runner.startup"],
     ["runner.config", "runner.optim"],
     ["runner.rundir"],
-    ["runner.distributed", "runner.checkpoint", "runner.model", "runner.distill", "runner.profiler", "runner.sinks"],
+    ["runner.distributed", "runner.checkpoint", "runner.model", "runner.distill", "runner.profiler", "runner.sinks",
+     "runner.weights"],
     ["runner.data", "runner.preflight"],
     ["runner.engine"],
-    ["runner.bench", "runner.sweep"],
+    ["runner.bench", "runner.sweep", "runner.weights.export"],
 ]
 
 
