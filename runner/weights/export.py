@@ -144,11 +144,22 @@ def _export_config(text: str, ckpt: Path):
     """The run's config for building the bare model and the val loader on the CPU (weights come from `ckpt`)."""
     from runner.config import config_from_yaml_text
 
-    cfg = config_from_yaml_text(text, f"the config of {ckpt}").clone()
+    cfg = _resolved(config_from_yaml_text(text, f"the config of {ckpt}")).clone()
     cfg.defrost()
     cfg.MODEL.CHECKPOINT, cfg.MODEL.PRETRAINED, cfg.MODEL.COMPILE, cfg.DEVICE = "", False, False, "cpu"
     cfg.freeze()
     return cfg
+
+
+def _resolved(cfg):
+    """`cfg` with its "auto" preprocessing keys (DATA.MEAN, ...) given the values the run took, where it stored
+    "auto" itself: resolved by the weights' pretrained_cfg as training resolves them (runner.weights.preprocess)."""
+    keys = (cfg.DATA.MEAN, cfg.DATA.STD, cfg.AUG.INTERPOLATION, cfg.EVAL.CROP_PCT)
+    if not any(isinstance(v, str) and v == "auto" for v in keys):
+        return cfg
+    from runner.weights.preprocess import resolve
+
+    return resolve(cfg)
 
 
 def _tensors(weights: object, ckpt: Path) -> dict[str, torch.Tensor]:
