@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from PIL import Image
 from safetensors.torch import load_file
+from timm.data import create_transform, resolve_data_config
 
 from runner.checkpoint import load_file as load_checkpoint
 from runner.config import config_from_yaml_text
+from runner.data.folder.dataset import timm_transform
 from runner.weights import export as lib
 from tests.utils import env
 
@@ -201,3 +204,23 @@ def test_mistakes_are_one_line(run, tmp_path, capsys, monkeypatch):
     assert run_main(str(run), "--format", "hf", "--output", str(full)) == 2
     assert "is a folder that is not empty" in capsys.readouterr().err
     assert [p.name for p in full.iterdir()] == ["keep.txt"] and not (tmp_path / "new").exists()
+
+
+FOLDER_RUN = """MODEL: {NAME: test_resnet, NUM_CLASSES: 3}
+DATA: {NAME: folder, ROOT: /nowhere, IMG_SIZE: 32, MEAN: [0.5, 0.4, 0.3], STD: [0.2, 0.25, 0.3]}
+AUG: {INTERPOLATION: bicubic, CROP_PCT: 0.8}
+EVAL: {CROP_PCT: 0.9}
+"""
+
+
+def test_config_json_gives_timm_the_runs_eval_transform(tmp_path):
+    """An image-folder run's eval preprocessing (size, crop, interpolation, mean, std) is what timm builds from the
+    exported config.json (resolve_data_config + create_transform)."""
+    cfg = lib._resolved(config_from_yaml_text(FOLDER_RUN))
+    lib.write_hf(timm.create_model("test_resnet", num_classes=3), tmp_path, cfg, ["a", "b", "c"])
+    loaded = timm.create_model(f"local-dir:{tmp_path}", pretrained=True)
+    settings = resolve_data_config(model=loaded)
+    assert settings["crop_pct"] == 0.9 and settings["interpolation"] == "bicubic"
+    assert loaded.pretrained_cfg["label_names"] == ["a", "b", "c"]
+    image = Image.fromarray(torch.randint(0, 256, (41, 57, 3), dtype=torch.uint8).numpy())
+    assert torch.equal(create_transform(**settings)(image), timm_transform(cfg, is_training=False)(image))
