@@ -138,6 +138,25 @@ _C.DATA.SHARD_RETRIES = 3
 # read that gets no byte for min(this, 60) s) before the run saves at its last optimizer step and exits 75
 # (preempted: the same command continues it); retried with backoff meanwhile; 0 = stop at the first such fault
 _C.DATA.RETRY_S = 120.0
+# DATA.NAME torchvision: the classic set to read from DATA.ROOT (torchvision.datasets, in its own on-disk layout):
+# cifar10 | cifar100 | mnist | fashion-mnist | kmnist | svhn | stl10 | flowers102 (test: DATA.TEST_SPLIT test) |
+# oxford-pets | food101 (val is each set's test split, flowers102's val). Grayscale sets (mnist, fashion-mnist,
+# kmnist) train with MODEL.IN_CHANS 1 (one DATA.MEAN and DATA.STD value) or are converted to RGB for 3.
+# DATA.NAME hf: the dataset's configuration (subset) name; "" = its default
+_C.DATA.SET = ""
+# DATA.NAME torchvision: download the set into DATA.ROOT when its files are missing (each node's local rank 0
+# downloads, its other ranks wait at a barrier, up to DIST.TIMEOUT_S); false = refuse missing files
+_C.DATA.DOWNLOAD = False
+# DATA.NAME hf: the split to train on; "" = train
+_C.DATA.TRAIN_SPLIT = ""
+# DATA.NAME hf: the split to validate on; "" = the first of validation, val, valid, test the dataset has (none:
+# DATA.VAL_FRACTION of the train split is held out, the same rows for the same SEED)
+_C.DATA.VAL_SPLIT = ""
+# DATA.NAME hf: the column holding the images; "" = the one column with an Image feature
+_C.DATA.IMAGE_COLUMN = ""
+# DATA.NAME hf: the column holding the labels; "" = the one ClassLabel column (its names are the class names), else
+# a column called label or labels (integers: the class indices; strings: classes sorted by name)
+_C.DATA.LABEL_COLUMN = ""
 
 # ---------------------------------------------------------------------------------------------------------
 # Augmentation (training only; passed to timm's transform factory)

@@ -77,7 +77,8 @@ RESUME_SAFE_KEYS = frozenset(
      "DATA.TEST_SPLIT",  # evaluated after training only: adding one to a run changes nothing it learned
      "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "MODEL.COMPILE", "MODEL.COMPILE_MODE",
      "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR",  # ACCUM_STEPS: the global batch is checked at resume
-     "DATA.SHARD_URL", "DATA.SHARD_RETRIES", "DATA.RETRY_S"]  # where the same shards are read from, and how patiently
+     "DATA.SHARD_URL", "DATA.SHARD_RETRIES", "DATA.RETRY_S",  # where the same shards are read from, and how patiently
+     "DATA.DOWNLOAD"]  # how the same files arrive
     + [f"LOG.{k}" for k in _C.LOG] + [f"PROFILE.{k}" for k in _C.PROFILE]
 )
 

@@ -89,6 +89,10 @@ register("folder", "runner.data.folder.source", files="folder", run_class_map=Tr
          worker_modules=("runner.data.folder.dataset",))
 register("synthetic", "runner.data.synthetic", in_process=True)
 register("shards", "runner.data.shards.source", files="shards", worker_modules=("runner.data.shards.stream",))
+register("hf", "runner.data.hf", files="hf", run_class_map=True,
+         worker_modules=("runner.data.folder.dataset", "runner.data.hf", "datasets"))
+register("torchvision", "runner.data.tvsets", files="torchvision", run_class_map=True,
+         worker_modules=("runner.data.folder.dataset", "runner.data.tvsets", "torchvision.datasets"))
 
 
 def names() -> list[str]:

@@ -136,13 +136,15 @@ class FolderDataset(Dataset):
     A file that fails to decode is skipped with one warning naming it, and the next sample is returned
     instead (deterministic). Distinct failures are counted in shared memory, so every DataLoader worker sees
     the total; once `known_bad` (files the scan rejected) plus those pass `budget` of the split, UserError
-    is raised.
+    is raised. `opener` and `describe` let another source (runner/data/indexed.py) use keys other than paths:
+    opener(key) gives the PIL image (lazily opened where it can), describe(key) names it in messages.
     """
 
     takes_seeds = True  # the sampler may hand (index, seed) pairs: see __getitem__
 
-    def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable, budget: float = 0.01,
-                 known_bad: int = 0, split: str = "train"):
+    def __init__(self, samples: Sequence[tuple[Any, int]], transform: Callable, budget: float = 0.01,
+                 known_bad: int = 0, split: str = "train", opener: Callable[[Any], Image.Image] = open_image,
+                 describe: Callable[[Any], str] = str, hint: str = f"{CHECK_TOOL} lists them all"):
         if not samples:
             raise UserError(f"the {split} split has no usable images")
         self.samples = list(samples)
@@ -150,6 +152,7 @@ class FolderDataset(Dataset):
         self.budget = budget
         self.known_bad = known_bad
         self.split = split
+        self.opener, self.describe, self.hint = opener, describe, hint
         self.failed = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
 
     def __len__(self) -> int:
@@ -165,11 +168,11 @@ class FolderDataset(Dataset):
             seed_generators(seed)
         n = len(self.samples)
         for k in range(n):
-            path, target = self.samples[(index + k) % n]
+            key, target = self.samples[(index + k) % n]
             try:
-                return self.transform(open_image(path)), target
+                return self.transform(self.opener(key)), target
             except DECODE_ERRORS as e:
-                self._record_failure((index + k) % n, path, e)
+                self._record_failure((index + k) % n, self.describe(key), e)
         raise UserError(f"no image of the {self.split} split could be decoded")
 
     def failures(self) -> int:
@@ -187,8 +190,7 @@ class FolderDataset(Dataset):
         if n_bad > self.budget * n_all:
             share = n_bad / n_all
             raise UserError(f"{n_bad} of {n_all} {self.split} image files are unreadable ({share:.2%}), "
-                            f"over DATA.BAD_FILE_BUDGET {self.budget:.2%}; last: {path} ({reason}); "
-                            f"{CHECK_TOOL} lists them all")
+                            f"over DATA.BAD_FILE_BUDGET {self.budget:.2%}; last: {path} ({reason}); {self.hint}")
 
 
 def build_folder_datasets(cfg: Any, index: FolderIndex | None = None
