@@ -49,12 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     """Export, verify, and print where the export is and how it compared with the checkpoint."""
     args = parse_args(argv)
     from runner.sinks import setup_logging
-    from runner.weights.export import VerificationFailed, export, report
+    from runner.weights.export import ExportFailed, export, report
 
     setup_logging(None, 0)
     try:
         result = export(args.run, args.format, args.output, images=args.images, use_ema=args.ema)
-    except VerificationFailed as e:
+    except ExportFailed as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     print("\n".join(report(result, args.format)), flush=True)

@@ -34,6 +34,7 @@ FORMATS = ("hf", "safetensors", "onnx", "torch-export")
 WEIGHTS_FILE = "model.safetensors"  # the name timm's local-dir: and the Hub look for first
 CONFIG_FILE = "config.json"  # timm's Hub config: architecture, classes, label names, preprocessing
 ONNX_FILE = "model.onnx"
+ONNX_ONE_FILE_BYTES = 1_800_000_000  # below protobuf's 2 GiB message limit, with room for the graph
 PROGRAM_FILE = "model.pt2"
 INPUT_NAME, OUTPUT_NAME = "input", "logits"  # the ONNX graph's names
 REQUIRES = {"hf": ("safetensors", "huggingface_hub"), "safetensors": ("safetensors",),
@@ -43,8 +44,9 @@ REQUIRES = {"hf": ("safetensors", "huggingface_hub"), "safetensors": ("safetenso
 TOLERANCE = 1e-3
 
 
-class VerificationFailed(Exception):
-    """The exported model does not classify the validation images as the checkpoint does; exit code 1."""
+class ExportFailed(Exception):
+    """The exporter failed, or its output does not classify the validation images as the checkpoint does; exit
+    code 1 (not a user mistake: the model or the exporter is at fault)."""
 
     exit_code = 1
 
@@ -219,7 +221,7 @@ def logits_of(run: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor,
 def compare(reference: torch.Tensor, exported: torch.Tensor) -> Agreement:
     """The largest |difference| of two logit tables and their top-1 agreement."""
     if exported.shape != reference.shape:
-        raise VerificationFailed(f"the exported model gives logits of shape {list(exported.shape)}, the checkpoint "
+        raise ExportFailed(f"the exported model gives logits of shape {list(exported.shape)}, the checkpoint "
                                  f"{list(reference.shape)}")
     diff = float((exported - reference).abs().max()) if reference.numel() else 0.0
     same = reference.argmax(1) == exported.argmax(1)
@@ -291,15 +293,17 @@ def write_onnx(model: nn.Module, out: Path, cfg, names: list[str]) -> list[str]:
     """model.onnx (torch.onnx's dynamo exporter, a dynamic batch axis) and config.json."""
     sample = torch.zeros(2, *data_config(cfg)["input_size"])
     batch = torch.export.Dim("batch", min=1)
+    # one file unless protobuf's 2 GiB limit forbids it: then the weights go to model.onnx.data beside it
+    external = sum(t.numel() * t.element_size() for t in model.state_dict().values()) > ONNX_ONE_FILE_BYTES
     with quiet() as held:
         try:
             torch.onnx.export(model, (sample,), str(out / ONNX_FILE), input_names=[INPUT_NAME],
                               output_names=[OUTPUT_NAME], dynamic_shapes=({0: batch},), dynamo=True,
-                              external_data=False, verbose=False)
+                              external_data=external, verbose=False)
         except Exception as e:  # noqa: BLE001 - the exporter raises its own types; say it in one line
-            raise VerificationFailed(f"torch.onnx.export failed for {cfg.MODEL.NAME}: {_first_line(e, held)}") from e
+            raise ExportFailed(f"torch.onnx.export failed for {cfg.MODEL.NAME}: {_first_line(e, held)}") from e
     write_config(model, out, cfg, names)
-    return [ONNX_FILE, CONFIG_FILE]
+    return sorted(p.name for p in out.iterdir())
 
 
 def write_torch_export(model: nn.Module, out: Path, cfg, names: list[str]) -> list[str]:
@@ -310,7 +314,7 @@ def write_torch_export(model: nn.Module, out: Path, cfg, names: list[str]) -> li
             program = torch.export.export(model, (sample,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
             torch.export.save(program, str(out / PROGRAM_FILE))
         except Exception as e:  # noqa: BLE001 - torch.export raises many types for what it cannot trace
-            raise VerificationFailed(f"torch.export failed for {cfg.MODEL.NAME}: {_first_line(e, held)}") from e
+            raise ExportFailed(f"torch.export failed for {cfg.MODEL.NAME}: {_first_line(e, held)}") from e
     write_config(model, out, cfg, names)
     return [PROGRAM_FILE, CONFIG_FILE]
 
@@ -451,7 +455,7 @@ def export(path: str, fmt: str, output: str, images: int = 256, use_ema: bool = 
         files = WRITERS[fmt](model, tmp, source.cfg, source.names)
         agreement = compare(reference, logits_of(LOADERS[fmt](tmp, model), x, batch))
         if not agreement.ok:
-            raise VerificationFailed(f"the {fmt} export does not agree with {source.checkpoint}: "
+            raise ExportFailed(f"the {fmt} export does not agree with {source.checkpoint}: "
                                      f"{describe(agreement)}; nothing was written to {out}")
     return Result(out, files, source, agreement, usage(fmt, out, model, source.cfg))
 
