@@ -214,7 +214,7 @@ def _images_only(table: Any, column: str) -> Any:
     datasets = _quiet()
     try:
         return table.select_columns([column]).cast_column(column, datasets.Image(decode=False))
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, NotImplementedError) as e:  # pyarrow's casts raise subclasses of these
         raise UserError(f"column {column!r} does not hold images ({table.features[column]}): name the image "
                         f"column with DATA.IMAGE_COLUMN ({' '.join(str(e).split())[:200]})") from None
 

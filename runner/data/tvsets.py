@@ -121,10 +121,16 @@ def _open(cfg: Any, name: str, split: str, download: bool) -> Any:
         return cls(os.path.expanduser(cfg.DATA.ROOT), **entry.splits[split], **entry.extra, download=download)
     except RuntimeError as e:  # torchvision's "Dataset not found or corrupted"
         if not download:
-            raise UserError(_missing(name, cfg.DATA.ROOT) + f" ({' '.join(str(e).split())[:200]})") from None
-        raise UserError(f"DATA.SET {name}: the download into {cfg.DATA.ROOT} failed: {e}") from None
+            raise UserError(f"{_missing(name, cfg.DATA.ROOT)} ({_one_line(e)})") from None
+        raise UserError(f"DATA.SET {name}: the download into {cfg.DATA.ROOT} failed: {_one_line(e)}") from None
     except OSError as e:  # a download's network or disk error (URLError is an OSError)
-        raise UserError(f"DATA.SET {name}: reading or downloading into {cfg.DATA.ROOT} failed: {e}") from None
+        raise UserError(f"DATA.SET {name}: reading or downloading into {cfg.DATA.ROOT} failed: {_one_line(e)}"
+                        ) from None
+
+
+def _one_line(err: Exception) -> str:
+    """An error's text on one line, cut short (torchvision's download errors list every mirror on its own line)."""
+    return " ".join(str(err).split())[:300] or type(err).__name__
 
 
 def _rows(cfg: Any, name: str, split: str, first: bool) -> Any:
