@@ -1,9 +1,9 @@
-"""The model: timm's factory, local weights only, channels_last, SyncBN, DDP and torch.compile."""
+"""The model: timm's factory, pretrained weights (runner.weights.hub) or a file, channels_last, SyncBN, DDP and
+torch.compile."""
 from __future__ import annotations
 
 import difflib
 import logging
-import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -45,7 +45,7 @@ def create_sized(cfg, name: str | None = None, key: str = "MODEL.NAME", **extra)
     import timm
 
     name = name or cfg.MODEL.NAME
-    if not timm.is_model(name):
+    if not timm.is_model(name) and not name.startswith("hf-hub:"):  # an hf-hub: repo names its architecture
         raise _unknown_model(name, key)
     tries = [dict(img_size=cfg.DATA.IMG_SIZE)]
     if (cfg.EVAL.IMG_SIZE or cfg.DATA.IMG_SIZE) != cfg.DATA.IMG_SIZE:
@@ -62,14 +62,15 @@ def create_sized(cfg, name: str | None = None, key: str = "MODEL.NAME", **extra)
 
 
 def build_model(cfg, allow_new_head: bool = True) -> nn.Module:
-    """A timm model from cfg.MODEL, with weights from MODEL.CHECKPOINT; never from the network.
+    """A timm model from cfg.MODEL, with timm's pretrained weights (MODEL.PRETRAINED: from the Hub, or the cache
+    when fetched already) or the weights of MODEL.CHECKPOINT.
 
     `allow_new_head` (training): a classifier of another size in MODEL.CHECKPOINT is skipped, with a log line;
     evaluation and prediction pass False, so weights that do not fit exactly are refused.
     """
     check_model_name(cfg)
     if cfg.MODEL.PRETRAINED and not cfg.MODEL.CHECKPOINT:
-        model = _pretrained_offline(cfg)
+        model = _pretrained(cfg)
     else:
         model = create_sized(cfg)
     probe_input(model, cfg)
@@ -111,7 +112,8 @@ def check_model_name(cfg) -> None:
     if not cfg.MODEL.PRETRAINED and not cfg.MODEL.CHECKPOINT:
         raise UserError(f"MODEL.NAME '{name}' names pretrained weights ('.{tag}') but MODEL.PRETRAINED is false "
                         f"and no MODEL.CHECKPOINT is set, so the weights would be random: write MODEL.NAME {arch} "
-                        "to train from scratch, or set MODEL.PRETRAINED true (weights in the local cache)")
+                        "to train from scratch, or set MODEL.PRETRAINED true (downloaded from the Hub, or read from "
+                        "its cache)")
 
 
 def probe_input(model: nn.Module, cfg) -> None:
@@ -160,22 +162,19 @@ def _patch_size(model: nn.Module) -> tuple[int, int] | None:
     return (patch, patch) if isinstance(patch, int) else tuple(patch)
 
 
-def _pretrained_offline(cfg) -> nn.Module:
-    """timm's pretrained weights only if already in the local cache; otherwise a clear error."""
-    os.environ["HF_HUB_OFFLINE"] = "1"  # we never download: this makes the hub client fail fast instead
-    import huggingface_hub.constants as hub  # read HF_HUB_OFFLINE when first imported (by timm, maybe already)
+def _pretrained(cfg) -> nn.Module:
+    """MODEL.NAME with timm's pretrained weights: fetched into the cache (once per process), then built from it.
 
-    hub.HF_HUB_OFFLINE = True
-    try:
-        return create_sized(cfg, pretrained=True)
-    except UserError:
-        raise
-    except Exception as e:  # the hub client raises many types for "not cached"
-        raise UserError(
-            f"MODEL.PRETRAINED true but no pretrained weights for '{cfg.MODEL.NAME}' are on disk "
-            f"({type(e).__name__}); weights are never downloaded: fetch them once elsewhere and set "
-            "MODEL.CHECKPOINT /path/to/weights.pth (a state_dict or a runner checkpoint)"
-        ) from None
+    timm loads the file as it always does (its filters for the model, a new classifier for another
+    MODEL.NUM_CLASSES, the input conv adapted to MODEL.IN_CHANS); only the download is ours.
+    """
+    from runner.weights import hub
+
+    found = hub.fetch(cfg.MODEL.NAME)
+    model = hub.create(partial(create_sized, cfg))
+    log.info("pretrained weights of %s: %s%s (sha256 %s...)", cfg.MODEL.NAME, found.repo,
+             f"@{found.revision[:12]}" if found.revision else "", found.sha256[:16])
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -33,14 +33,24 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
 
 
 def config_command(argv: list[str] | None, parser: argparse.ArgumentParser | str,
-                   check_paths: bool = True) -> tuple[Any, Any] | None:
-    """Every tool's opening (runner.config.config_command) with the data source's rules checked too."""
+                   check_paths: bool = True, resolve_auto: bool = True) -> tuple[Any, Any] | None:
+    """Every tool's opening (runner.config.config_command) with the data source's rules checked too.
+
+    `resolve_auto`: DATA.MEAN and the other "auto" keys take their values now (runner.weights.preprocess);
+    tools/train.py resolves them later, in build_trainer, where a resume takes its stored values instead.
+    """
     from runner.config import build_parser, handle_info_flags
 
     if isinstance(parser, str):
         parser = build_parser(description=parser, formatter_class=argparse.RawDescriptionHelpFormatter)
     cfg, info = load_config(argv, parser, check_paths=check_paths)
-    return None if handle_info_flags(cfg, info) else (cfg, info)
+    if handle_info_flags(cfg, info):
+        return None
+    if resolve_auto:
+        from runner.weights.preprocess import resolve
+
+        cfg = resolve(cfg)
+    return cfg, info
 
 
 def train_split(cfg: Any) -> tuple[int, int] | None:

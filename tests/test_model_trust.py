@@ -12,7 +12,7 @@ import timm
 import torch
 from PIL import Image
 
-from runner.config import get_default_config
+from runner.config import load_config
 from runner.data import build_data
 from runner.distributed import Dist
 from runner.errors import UserError
@@ -25,10 +25,7 @@ SYNTH = ["DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", "16", "DATA.BATCH_SIZE
 
 def cfg_of(*pairs: str):
     """A frozen default config with KEY VALUE overrides (TINY first)."""
-    cfg = get_default_config()
-    cfg.merge_from_list([*TINY, *pairs])
-    cfg.freeze()
-    return cfg
+    return load_config([*TINY, *pairs], check_paths=False)[0]  # the runner's own reading of KEY VALUE
 
 
 @pytest.fixture(scope="module")

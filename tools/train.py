@@ -28,7 +28,7 @@ from runner.preflight import config_command
 def main(argv: list[str] | None = None) -> int:
     """Load the config; skip a finished run before importing anything heavy; train."""
     try:
-        loaded = config_command(argv, _parser())
+        loaded = config_command(argv, _parser(), resolve_auto=False)  # build_trainer resolves "auto" (or resumes it)
     except UserError as e:
         e.relayed = True  # under torchrun every rank reads the same arguments: rank 0's line is the one shown
         raise

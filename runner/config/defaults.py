@@ -99,10 +99,11 @@ _C.DATA.ON_DEVICE = True
 _C.DATA.VAL_FRACTION = 0.2
 # Number of images in the synthetic dataset
 _C.DATA.SYNTHETIC_SIZE = 1024
-# Per-channel normalization mean
-_C.DATA.MEAN = (0.485, 0.456, 0.406)
-# Per-channel normalization std
-_C.DATA.STD = (0.229, 0.224, 0.225)
+# Per-channel normalization mean, e.g. [0.5, 0.5, 0.5]; auto = the pretrained weights' (timm's pretrained_cfg) with
+# MODEL.PRETRAINED, else ImageNet's [0.485, 0.456, 0.406]. config.yaml stores the values auto took
+_C.DATA.MEAN = "auto"
+# Per-channel normalization std; auto = the pretrained weights' with MODEL.PRETRAINED, else [0.229, 0.224, 0.225]
+_C.DATA.STD = "auto"
 # Fraction of unreadable image files tolerated (skipped with a warning) before the run stops
 _C.DATA.BAD_FILE_BUDGET = 0.01
 # Check the dataset before training (layout, classes, readable files)
@@ -178,8 +179,9 @@ _C.AUG.REPROB = 0.0
 _C.AUG.REMODE = "pixel"
 # Center crop fraction at evaluation
 _C.AUG.CROP_PCT = 0.875
-# Resize interpolation: bilinear | bicubic | nearest | random
-_C.AUG.INTERPOLATION = "bilinear"
+# Resize interpolation: auto | bilinear | bicubic | nearest | random; auto = the pretrained weights' with
+# MODEL.PRETRAINED (bicubic for most ViTs), else bilinear
+_C.AUG.INTERPOLATION = "auto"
 # Mixup alpha; 0 = off
 _C.AUG.MIXUP = 0.0
 # CutMix alpha; 0 = off
@@ -370,9 +372,9 @@ _C.EVAL.PERIOD_STEPS = 0
 # Side of the evaluation images, in pixels; 0 = DATA.IMG_SIZE. Testing larger than training is the "FixRes"
 # effect (RSB A3 trains at 160 px and tests at 224); ViT-style models then resample their position embeddings
 _C.EVAL.IMG_SIZE = 0
-# Center crop fraction at evaluation (image-folder data; in-memory data is resized whole); 0 = AUG.CROP_PCT.
-# RSB A3 tests with 0.95
-_C.EVAL.CROP_PCT = 0.0
+# Center crop fraction at evaluation (image-folder data; in-memory data is resized whole); 0 = AUG.CROP_PCT;
+# auto = the pretrained weights' crop_pct with MODEL.PRETRAINED, else 0. RSB A3 tests with 0.95
+_C.EVAL.CROP_PCT = "auto"
 
 # ---------------------------------------------------------------------------------------------------------
 # Checkpoints

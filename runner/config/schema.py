@@ -117,7 +117,7 @@ ENUMS = {
     "MODEL.COMPILE_MODE": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "DATA.WORKER_START": ("forkserver", "fork", "spawn"),
     "AUG.REMODE": ("const", "rand", "pixel"),
-    "AUG.INTERPOLATION": ("bilinear", "bicubic", "nearest", "random"),
+    "AUG.INTERPOLATION": ("auto", "bilinear", "bicubic", "nearest", "random"),
     "TRAIN.SCHEDULER": ScheduleNames(),
     "TRAIN.CLIP_MODE": ("norm", "value", "agc"),
     "AMP.DTYPE": ("bfloat16", "float16"),
@@ -183,6 +183,19 @@ _RULES = {
 }
 
 
+# Keys that may be "auto": the pretrained weights' own preprocessing (timm's pretrained_cfg) when MODEL.PRETRAINED,
+# else the value here. runner/weights/preprocess.py resolves them once per run, before the claim; config.yaml stores
+# the values they took, and a resume takes those (an "auto" never differs from a stored value)
+AUTO = "auto"
+AUTO_KEYS = {"DATA.MEAN": (0.485, 0.456, 0.406), "DATA.STD": (0.229, 0.224, 0.225), "AUG.INTERPOLATION": "bilinear",
+             "EVAL.CROP_PCT": 0.0}
+
+
+def is_auto(key: str, value: Any) -> bool:
+    """True for an "auto" value of a key that takes one."""
+    return key in AUTO_KEYS and value == AUTO
+
+
 # Names timm lists that the training loop cannot drive, and why (validation refuses them in one line)
 UNSUPPORTED_OPTIMIZERS = {
     "adahessian": "it needs second-order gradients (backward with create_graph=True), which the training loop "
@@ -212,6 +225,10 @@ COMMAND_LINE = "command line"
 def coerce_value(key: str, value: Any, default: Any, raw: str | None = None,
                  where: str = COMMAND_LINE) -> Any:
     """`value` converted to the type of `default`, or a UserError naming key, expected type and value."""
+    if key in AUTO_KEYS:  # "auto", or a value of the type auto stands for
+        if value == AUTO:
+            return AUTO
+        default = AUTO_KEYS[key]
     if default is None:
         return tuple(value) if isinstance(value, list) else value
     given = _clip(raw if raw is not None else inline_yaml(value))
@@ -328,7 +345,7 @@ def validate(cfg: CN, provenance: dict[str, str] | None = None, check_files: boo
         fail("TRAIN.OPTIMIZER", f"TRAIN.OPTIMIZER {opt} is not supported: {UNSUPPORTED_OPTIMIZERS[name]}; "
                                 "choose another, e.g. adamw")
     for key, (ok, words) in _RULES.items():
-        if not ok(get_value(cfg, key)):
+        if not is_auto(key, get_value(cfg, key)) and not ok(get_value(cfg, key)):
             fail(key, f"{key} must be {words}, got {inline_yaml(get_value(cfg, key))}")
     if not cfg.MODEL.NAME:
         fail("MODEL.NAME", "MODEL.NAME must name a timm model, e.g. resnet18")
@@ -348,10 +365,10 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
     """Rules that involve several keys or the file system."""
     d, t = cfg.DATA, cfg.TRAIN
     for key in ("DATA.MEAN", "DATA.STD"):
-        if len(get_value(cfg, key)) != cfg.MODEL.IN_CHANS:
+        if not is_auto(key, get_value(cfg, key)) and len(get_value(cfg, key)) != cfg.MODEL.IN_CHANS:
             fail(key, f"{key} needs one value per input channel (MODEL.IN_CHANS {cfg.MODEL.IN_CHANS}), "
                       f"got {inline_yaml(get_value(cfg, key))}")
-    if min(d.STD) <= 0:
+    if not is_auto("DATA.STD", d.STD) and min(d.STD) <= 0:
         fail("DATA.STD", f"DATA.STD values must be > 0, got {inline_yaml(d.STD)}")
     for key, top in (("AUG.SCALE", 1.0), ("AUG.RATIO", math.inf)):
         lo_hi = get_value(cfg, key)

@@ -63,9 +63,18 @@ def _log_eval_size(cfg: Any) -> None:
     """Say when evaluation runs at another size or crop than training, and when a crop has no effect."""
     if cfg.EVAL.IMG_SIZE and cfg.EVAL.IMG_SIZE != cfg.DATA.IMG_SIZE:
         log.info("evaluating at %d px (EVAL.IMG_SIZE), training at %d px", cfg.EVAL.IMG_SIZE, cfg.DATA.IMG_SIZE)
-    if cfg.EVAL.CROP_PCT and not source(cfg.DATA.NAME).files:
+    if cfg.EVAL.CROP_PCT and not source(cfg.DATA.NAME).files and not _weights_crop(cfg):
         log.warning("DATA.NAME %s ignores EVAL.CROP_PCT: in-memory images are resized whole, never cropped",
                     cfg.DATA.NAME)
+
+
+def _weights_crop(cfg: Any) -> bool:
+    """True when EVAL.CROP_PCT is the pretrained weights' own (what auto gave): not a choice to warn about."""
+    if not cfg.MODEL.PRETRAINED:
+        return False
+    from runner.weights.preprocess import weights_values
+
+    return abs(weights_values(cfg)["EVAL.CROP_PCT"] - cfg.EVAL.CROP_PCT) < 5e-5
 
 
 def warn_ignored_shift(cfg: Any) -> None:
@@ -76,8 +85,12 @@ def warn_ignored_shift(cfg: Any) -> None:
 
 
 def build_data(cfg: Any, dist: Dist) -> DataBundle:
-    """The train and val loaders of cfg.DATA.NAME's source."""
+    """The train and val loaders of cfg.DATA.NAME's source (DATA.MEAN and the other "auto" keys resolved, where
+    the caller has not: runner.weights.preprocess)."""
+    from runner.weights.preprocess import resolve
+
     t0 = time.perf_counter()
+    cfg = resolve(cfg)
     src = source(cfg.DATA.NAME)
     if not src.files:  # image files are decoded through timm's transforms: AUG.* and EVAL.CROP_PCT apply
         warn_ignored_augment(cfg)

@@ -49,7 +49,10 @@ def stratified_split(y: np.ndarray, val_fraction: float, seed: int = 0) -> tuple
 
 
 def _normalize(x: torch.Tensor, cfg: Any) -> torch.Tensor:
-    """Scale [0, 1] images with DATA.MEAN/STD, adapting the statistics to MODEL.IN_CHANS."""
+    """Scale [0, 1] images with DATA.MEAN/STD ("auto" resolved), adapting the statistics to MODEL.IN_CHANS."""
+    from runner.weights.preprocess import resolve
+
+    cfg = resolve(cfg)
     c = cfg.MODEL.IN_CHANS
     mean, std = list(cfg.DATA.MEAN), list(cfg.DATA.STD)
     if len(mean) != c:

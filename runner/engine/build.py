@@ -46,9 +46,15 @@ from runner.errors import UserError
 from runner.model import build_model, compiler, prepare_model
 from runner.optim import build_optimizer, build_scheduler
 from runner.profiler import build_profiler
+from runner.rundir.layout import CONFIG
 from runner.rundir.lock import RunLock
+from runner.rundir.marker import is_our_run
 from runner.rundir.rules import done_line
 from runner.sinks import MetricWriter, check_sinks, run_hparams, setup_logging
+from runner.weights import hub
+from runner.weights.hub import Pretrained
+from runner.weights.preprocess import resolve as resolve_preprocessing
+from runner.weights.preprocess import stored_values
 
 log = logging.getLogger("runner")
 
@@ -269,8 +275,9 @@ def build_trainer(cfg, hparam_keys: list[str] | None = None, *, hooks: list[Hook
         dist = distributed.setup(cfg)
         closers.append(distributed.teardown)
     try:
+        cfg, pretrained = prepare_weights(cfg, dist, claims=hooks is None)
         if hooks is None:
-            trainer = _build_run(cfg, dist, hparam_keys, t_start, pause_after_epoch)
+            trainer = _build_run(cfg, dist, hparam_keys, t_start, pause_after_epoch, pretrained)
         else:
             trainer = _build_with(cfg, dist, hooks, t_start)
     except AlreadyDone:
@@ -279,6 +286,22 @@ def build_trainer(cfg, hparam_keys: list[str] | None = None, *, hooks: list[Hook
         raise
     trainer.on_close[:0] = closers
     return trainer
+
+
+def prepare_weights(cfg, dist: Dist, claims: bool = True) -> tuple:
+    """(cfg with "auto" preprocessing resolved, the pretrained weights' record or None), before the claim.
+
+    MODEL.PRETRAINED's file is fetched into the cache by one process per node (a missing one offline is one line,
+    nothing made); the "auto" keys take the weights' values, or OUTPUT_DIR's stored ones when a run resumes there.
+    """
+    pretrained = None
+    if cfg.MODEL.PRETRAINED and not cfg.MODEL.CHECKPOINT:
+        pretrained = hub.fetch_for_run(cfg.MODEL.NAME, dist.local_rank, distributed.job_store(), cfg.DIST.TIMEOUT_S)
+    stored = None
+    config_file = Path(cfg.OUTPUT_DIR) / CONFIG
+    if claims and config_file.is_file() and is_our_run(Path(cfg.OUTPUT_DIR)):
+        stored = stored_values(config_file.read_text())
+    return resolve_preprocessing(cfg, stored, warn=claims and dist.is_main), pretrained
 
 
 def _build_with(cfg, dist: Dist, hooks: list[Hook], t_start: float) -> Trainer:
@@ -291,13 +314,14 @@ def _build_with(cfg, dist: Dist, hooks: list[Hook], t_start: float) -> Trainer:
     return trainer
 
 
-def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float, pause_after_epoch: int = 0) -> Trainer:
+def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float, pause_after_epoch: int = 0,
+               pretrained: Pretrained | None = None) -> Trainer:
     """A run: claim OUTPUT_DIR, build, resume, write the run's files; a setup failure is recorded."""
     out = Path(cfg.OUTPUT_DIR)
     control = distributed.control_group()  # one CPU group for verdicts and stop flags, made once
     lock = RunLock(str(out))
     status = RunStatus(out, dist, t_start, epochs=cfg.TRAIN.EPOCHS, max_steps=cfg.TRAIN.MAX_STEPS,
-                       hparams=run_hparams(cfg, list(hparam_keys or [])))
+                       hparams=run_hparams(cfg, list(hparam_keys or [])), pretrained=pretrained)
     setup_logging(None, dist.rank)  # the console only, until the folder is known to be ours
     check_sinks(cfg, dist, control)  # a tracker's store that cannot be opened is refused before the claim
     done, found, attempt = claim_output_dir(cfg, dist, control, lock, status)
@@ -320,7 +344,7 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float, p
         trainer = build_loop(cfg, dist, t_start)
         trainer.hooks = run_hooks(cfg, trainer, dist, status, control, watchdog, pause_after_epoch)
         resume(cfg, trainer, found, status)
-        write_run_files(cfg, dist, trainer.data.class_names)
+        write_run_files(cfg, dist, trainer.data.class_names, pretrained)
     except AlreadyDone:
         watchdog.stop()
         lock.release()

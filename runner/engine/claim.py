@@ -26,6 +26,7 @@ from runner.rundir.marker import DONE, RUNNING, is_done, write_status
 if TYPE_CHECKING:
     from runner.engine.loop import Trainer
     from runner.engine.status import RunStatus
+    from runner.weights.hub import Pretrained
 
 log = logging.getLogger("runner")
 
@@ -186,8 +187,9 @@ def check_global_batch(cfg, state: dict, world: int, path: str) -> None:
                     f"run continues exactly only with the same global batch: use {fix}")
 
 
-def write_run_files(cfg, dist: Dist, class_names: list[str]) -> None:
-    """config.yaml, env.txt, class_map.json and the status file (rank 0), after resume checks passed."""
+def write_run_files(cfg, dist: Dist, class_names: list[str], pretrained: Pretrained | None = None) -> None:
+    """config.yaml, env.txt (with the pretrained weights' file), class_map.json and the status file (rank 0),
+    after resume checks passed."""
     if not dist.is_main:
         return
     from runner.config import dump_config
@@ -202,6 +204,8 @@ def write_run_files(cfg, dist: Dist, class_names: list[str]) -> None:
     # asking every GPU for free memory would create a CUDA context on each of them for the whole run
     env_text = format_env(collect_env(free_mem_devices=[dev.index or 0] if dev.type == "cuda" else []))
     env_text += _user_code(cfg, out / ENV)
+    if pretrained is not None:
+        env_text += pretrained.env_line() + "\n"
     atomic_write(out / ENV, env_text)
     for line in env_text.splitlines()[:4]:
         log.info("env: %s", line)

@@ -16,6 +16,7 @@ from runner.errors import DataUnavailable, NonFiniteLoss, Preempted, UserError, 
 from runner.rundir import marker
 from runner.rundir.layout import KEPT_RESULTS_GLOB
 from runner.sinks import log_to_file
+from runner.weights.hub import Pretrained
 
 log = logging.getLogger("runner")
 
@@ -25,9 +26,11 @@ class RunStatus(Hook):
 
     def __init__(self, out: Path, dist: Dist, t_start: float, *, epochs: int = 0, max_steps: int = 0,
                  hparams: dict | None = None, evaluator: Evaluator | None = None,
-                 metrics: MetricLogger | None = None):
-        """`hparams`: the keys for TensorBoard's HParams tab (runner.sinks.run_hparams)."""
+                 metrics: MetricLogger | None = None, pretrained: Pretrained | None = None):
+        """`hparams`: the keys for TensorBoard's HParams tab (runner.sinks.run_hparams); `pretrained`: the weights
+        the model started from (results.json names their repo, revision and sha256)."""
         self.out, self.dist, self.t_start = Path(out), dist, t_start
+        self.pretrained = pretrained
         self.epochs, self.max_steps, self.hparams = epochs, max_steps, dict(hparams or {})
         self.evaluator, self.metrics = evaluator, metrics
         self.splits = None  # SplitResults: best.pth on each split (results' test/* and splits), set by run_hooks
@@ -118,6 +121,8 @@ class RunStatus(Hook):
         for k in ("val_ema/top1", "val_ema/top5"):
             if k in last:
                 results[k] = last[k]
+        if self.pretrained is not None:
+            results["pretrained"] = self.pretrained.record()
         if self.splits is not None:  # test/top1, test/top5, test/count and each split's per-class results
             results.update(self.splits.results())
         if self.dist.device.type == "cuda":

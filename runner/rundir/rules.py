@@ -124,9 +124,12 @@ def _refuse_mixing(cfg, out: Path) -> None:
 def changed_run_keys(cfg, stored_yaml: str) -> list[str]:
     """The keys that change the run (not only extend or observe it) whose values differ from `stored_yaml`."""
     from runner.config import RESUME_SAFE_KEYS, config_from_yaml_text, diff_configs
+    from runner.config.schema import is_auto
 
     old = config_from_yaml_text(stored_yaml)
-    return [f"{k}: {a!r} -> {b!r}" for k, a, b in diff_configs(old, cfg) if k not in RESUME_SAFE_KEYS]
+    # "auto" takes the stored value on resume (the run resolved it once): it never changes the run
+    return [f"{k}: {a!r} -> {b!r}" for k, a, b in diff_configs(old, cfg)
+            if k not in RESUME_SAFE_KEYS and not is_auto(k, b)]
 
 
 def refuse_changed(cfg, stored_yaml: str, where: str) -> None:

@@ -15,7 +15,7 @@ def test_defaults_are_a_fresh_unfrozen_clone():
     assert not a.is_frozen()
     a.TRAIN.LR = 3.0
     assert b.TRAIN.LR == 0.1 and _C.TRAIN.LR == 0.1
-    assert isinstance(a.DATA.MEAN, tuple) and isinstance(a.AUG.SCALE, tuple)
+    assert a.DATA.MEAN == "auto" and isinstance(a.AUG.SCALE, tuple)
 
 
 def test_every_default_key_has_a_comment_and_every_section_a_banner():

@@ -31,7 +31,7 @@ def test_one_flatten_for_configs_and_plain_mappings():
     cfg = get_default_config()
     flat = flatten(cfg)
     assert list(flat)[:4] == ["OUTPUT_DIR", "SEED", "DEVICE", "IMPORTS"]  # definition order
-    assert flat["DATA.MEAN"] == (0.485, 0.456, 0.406) and flat["AMP.ENABLED"] is False  # values as they are
+    assert flat["AUG.SCALE"] == (0.08, 1.0) and flat["AMP.ENABLED"] is False  # values as they are
     assert not any(isinstance(v, dict) for v in flat.values())
     # a dumped config read back as plain dicts (as tools/summarize.py reads config.yaml) gives the same keys
     plain = flatten(yaml.safe_load(dump_config(cfg)))
@@ -112,7 +112,7 @@ def test_diff_configs_and_changed_from_defaults():
     cfg, _ = load_config(["TRAIN.LR", "0.3", "DATA.MEAN", "[0.5, 0.5, 0.5]", "TRAIN.EPOCHS", "10"])
     default = get_default_config()
     assert diff_configs(default, cfg) == [("OUTPUT_DIR", "", cfg.OUTPUT_DIR),
-                                          ("DATA.MEAN", (0.485, 0.456, 0.406), (0.5, 0.5, 0.5)),
+                                          ("DATA.MEAN", "auto", (0.5, 0.5, 0.5)),
                                           ("TRAIN.LR", 0.1, 0.3)]
     assert changed_from_defaults(cfg) == {"DATA.MEAN": (0.5, 0.5, 0.5), "TRAIN.LR": 0.3}
     older = CfgNode({"TRAIN": {"LR": 0.3, "OLD_KEY": 1}})

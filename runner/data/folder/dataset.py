@@ -71,7 +71,10 @@ def eval_interpolation(cfg: Any) -> str:
 
 
 def timm_transform(cfg: Any, is_training: bool) -> transforms.Compose:
-    """timm's create_transform with every setting taken from cfg.DATA and cfg.AUG."""
+    """timm's create_transform with every setting taken from cfg.DATA and cfg.AUG ("auto" ones resolved)."""
+    from runner.weights.preprocess import resolve
+
+    cfg = resolve(cfg)
     size = (cfg.MODEL.IN_CHANS, cfg.DATA.IMG_SIZE, cfg.DATA.IMG_SIZE)
     common = dict(interpolation=cfg.AUG.INTERPOLATION, mean=tuple(cfg.DATA.MEAN), std=tuple(cfg.DATA.STD))
     if not is_training:
