@@ -16,10 +16,11 @@ from tests.utils import ROOT, TRAIN, torchrun
 
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 # Every random part a folder run has: crops, RandAugment, random erasing, dropout, mixup; EMA; a checkpoint every
-# 3 steps (a SIGKILL loses at most 2); loader workers
+# 3 steps (a SIGKILL loses at most 2); loader workers. No warm-up and a mild RandAugment: the 12 steps learn
+# (val/top1 24-44 against chance's 10, where rand-m9 with a warm-up stayed near 11)
 RUN = ["--cfg", DIGITS, "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "DATA.BATCH_SIZE", "16",
-       "TRAIN.EPOCHS", "1", "LOG.PERIOD", "1", "LOG.PROGRESS", "plain", "AUG.SHIFT", "0", "AUG.SCALE", "[0.5, 1.0]",
-       "AUG.AUTO_AUGMENT", "rand-m9-mstd0.5", "AUG.REPROB", "0.25", "MODEL.DROP_RATE", "0.2", "AUG.MIXUP", "0.2",
+       "TRAIN.EPOCHS", "1", "TRAIN.WARMUP_EPOCHS", "0", "LOG.PERIOD", "1", "LOG.PROGRESS", "plain", "AUG.SHIFT", "0",
+       "AUG.AUTO_AUGMENT", "rand-m5-n1", "AUG.REPROB", "0.25", "MODEL.DROP_RATE", "0.2", "AUG.MIXUP", "0.2",
        "TRAIN.EMA", "true", "TRAIN.EMA_DECAY", "0.9", "CHECKPOINT.PERIOD", "3", "DATA.NUM_WORKERS", "2"]
 TRAIN_SAMPLES = 400
 STEPS = TRAIN_SAMPLES // 32  # global batches of 32: 16 x 2 processes, or 16 x 2 accumulated micro-batches
