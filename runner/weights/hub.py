@@ -10,6 +10,7 @@ the others wait on the job's store, then read the cache. `create(...)` builds th
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import os
@@ -27,6 +28,7 @@ from runner.errors import UserError
 
 log = logging.getLogger("runner")
 
+BACKOFF_S = 2.0  # the wait before the second try, doubled before each next one
 RETRIES = 3  # whole tries of one file, each resumed by the client itself up to 5 times while bytes still arrive
 FETCH_HINT = "python tools/fetch_weights.py"
 
@@ -118,11 +120,17 @@ class Location:
 
 def locate(name: str) -> Location:
     """Where timm would load `name`'s pretrained weights from; a UserError for a name that has none."""
+    import timm
     from timm.models import get_pretrained_cfg, split_model_name_tag
 
     if name.startswith("hf-hub:"):
         repo, revision = _split_revision(name[len("hf-hub:"):])
         return Location(name, repo, revision, config_json=True)
+    arch = split_model_name_tag(name)[0]
+    if not timm.is_model(arch):
+        close = difflib.get_close_matches(name, timm.list_models() + timm.list_pretrained(), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_pretrained() for the names"
+        raise UserError(f"{name!r} is not a timm model{hint}")
     try:
         cfg = get_pretrained_cfg(name)
     except RuntimeError:
@@ -132,7 +140,6 @@ def locate(name: str) -> Location:
         return Location(name, repo, revision, _weights_files(cfg.hf_hub_filename))
     if cfg is not None and cfg.url:
         return Location(name, url=cfg.url)
-    arch = split_model_name_tag(name)[0]
     raise UserError(f"MODEL.PRETRAINED true but timm has no pretrained weights for MODEL.NAME {name}; "
                     f"see timm.list_pretrained('{arch}*') for those with weights, or set MODEL.PRETRAINED false")
 
@@ -218,26 +225,27 @@ def _hub_file(where: Location, filename: str, local_only: bool, last: bool = Tru
             if not last:
                 raise _Absent() from None
             raise UserError(f"MODEL.NAME {where.name}: the Hub repo {where.repo} has no file {filename}") from None
-        except OSError as e:  # a broken transfer the client gave up resuming (httpx's errors, disk errors)
-            if attempt == RETRIES:
+        except Exception as e:
+            if not _is_network_error(e):
+                raise
+            if attempt == RETRIES:  # a broken transfer the client gave up resuming, RETRIES times
                 raise UserError(f"MODEL.NAME {where.name}: downloading {where.repo} {filename} from "
                                 f"{_endpoint()} failed {RETRIES} times ({_reason(e)}); run the command again, "
                                 f"or fetch the weights elsewhere: {FETCH_HINT} {where.name}") from None
             log.warning("downloading %s %s: %s; trying again (%d of %d)", where.repo, filename, _reason(e),
                         attempt + 1, RETRIES)
-            time.sleep(2 ** attempt)
-        except Exception as e:
-            if attempt == RETRIES or not _is_network_error(e):
-                raise
-            log.warning("downloading %s %s: %s; trying again (%d of %d)", where.repo, filename, _reason(e),
-                        attempt + 1, RETRIES)
-            time.sleep(2 ** attempt)
+            time.sleep(BACKOFF_S * 2 ** (attempt - 1))
     raise AssertionError("unreachable")
 
 
 def _is_network_error(e: Exception) -> bool:
-    """True for the HTTP client's transport errors (httpx's), which a new try may get past."""
-    return any(c.__module__.startswith(("httpx", "httpcore", "requests", "urllib3")) for c in type(e).__mro__)
+    """True for a transport error a new try may get past: the HTTP client's (httpx and its forks), or the OS's."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(e, HfHubHTTPError):  # the Hub answered (a 4xx/5xx): its own retries covered the 5xx
+        return False
+    return isinstance(e, (OSError, TimeoutError)) or any(
+        c.__module__.startswith(("httpx", "httpcore", "requests", "urllib3", "h11")) for c in type(e).__mro__)
 
 
 def _reason(e: BaseException) -> str:
@@ -288,7 +296,7 @@ def _fetch_url(where: Location, local_only: bool) -> Pretrained:
                 raise UserError(f"MODEL.NAME {where.name}: downloading {where.url} failed {RETRIES} times "
                                 f"({_reason(e)}); run the command again") from None
             log.warning("downloading %s: %s; trying again", where.url, _reason(e))
-            time.sleep(2 ** attempt)
+            time.sleep(BACKOFF_S * 2 ** (attempt - 1))
     raise AssertionError("unreachable")
 
 
