@@ -170,7 +170,9 @@ def test_recipe_trains_two_steps(path, tmp_path, capsys):
     cfg = recipe_cfg(path)
     if path.parent.name == "finetune":  # fine-tuning starts from weights whose classifier has another size
         weights = tmp_path / "w.pth"
-        torch.save(build_model(recipe_cfg(path, "MODEL.NUM_CLASSES", "3")).state_dict(), weights)
+        arch = cfg.MODEL.NAME.split(".")[0]  # the recipe's Hub weights stand in for a local file: never downloaded
+        torch.save(build_model(recipe_cfg(path, "MODEL.NUM_CLASSES", "3", "MODEL.NAME", arch,
+                                          "MODEL.PRETRAINED", "false")).state_dict(), weights)
         cfg = recipe_cfg(path, "MODEL.CHECKPOINT", str(weights))
     loss, trainer = two_steps(cfg)
     assert torch.isfinite(loss) and loss > 0
