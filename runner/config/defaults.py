@@ -145,8 +145,9 @@ _C.DATA.RETRY_S = 120.0
 # kmnist) train with MODEL.IN_CHANS 1 (one DATA.MEAN and DATA.STD value) or are converted to RGB for 3.
 # DATA.NAME hf: the dataset's configuration (subset) name; "" = its default
 _C.DATA.SET = ""
-# DATA.NAME torchvision: download the set into DATA.ROOT when its files are missing (each node's local rank 0
-# downloads, its other ranks wait at a barrier, up to DIST.TIMEOUT_S); false = refuse missing files
+# DATA.NAME torchvision: download the set into DATA.ROOT when its files are missing (rank 0 downloads, then each
+# other node's local rank 0 where DATA.ROOT is not shared; the other ranks wait at a barrier, up to DIST.TIMEOUT_S);
+# false = refuse missing files
 _C.DATA.DOWNLOAD = False
 # DATA.NAME hf: the split to train on; "" = train
 _C.DATA.TRAIN_SPLIT = ""

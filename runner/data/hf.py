@@ -6,7 +6,7 @@ Splits: DATA.TRAIN_SPLIT (train) and DATA.VAL_SPLIT (the first of validation, va
 DATA.VAL_FRACTION of train is held out, the same rows for a given SEED). Columns: the one `Image` feature and the
 one `ClassLabel` feature (else a column called label or labels), or DATA.IMAGE_COLUMN / DATA.LABEL_COLUMN; class
 names from the ClassLabel. `datasets` honours HF_ENDPOINT, HF_HUB_OFFLINE, HF_HOME and HF_TOKEN itself; a Hub
-dataset is downloaded by local rank 0 while the node's other ranks wait (indexed.local_first).
+dataset is downloaded by one process (rank 0) while the others wait (indexed.local_first).
 
 A source module (runner/data/sources.py): `datasets` only inside functions, so that the check says in one line
 that it is missing.
@@ -51,7 +51,7 @@ def _looks_local(root: str) -> bool:
 
 
 def build(cfg: Any, dist: Any) -> Any:
-    """Load the dataset (local rank 0 first), find splits and columns, and the train and val loaders."""
+    """Load the dataset (rank 0 first), find splits and columns, and the train and val loaders."""
     from runner.data import indexed
 
     train, val, names = indexed.local_first(dist, lambda first: _splits(cfg))

@@ -75,18 +75,22 @@ def eval_loader(cfg: Any, dist: Any, rows: Rows, classes: int, where: str) -> An
 
 
 def local_first(dist: Any, load: Callable[[bool], Any]) -> Any:
-    """load(True) on each node's local rank 0, then, once every rank has passed a barrier, load(False) on the
-    others: one download per node, the rest reading what it left. A failure on local rank 0 is raised after the
-    barrier, so the other ranks never wait for it; they then fail alike (the same data is missing)."""
+    """Each process's load(first), one stage at a time with a barrier after each: rank 0 (first=True), then the
+    other nodes' local rank 0 (first=True: a DATA.ROOT shared between nodes is complete by then, so nothing is
+    downloaded twice; a node-local one is downloaded once on each node), then the rest (first=False), reading what
+    their node's first process left. A failure is raised after the last barrier, so no rank waits for a failed one;
+    the later stages then fail alike (the same data is missing)."""
     from runner.distributed import barrier
 
     value, error = None, None
-    if dist.local_rank == 0:
-        try:
-            value = load(True)
-        except Exception as e:  # noqa: BLE001 - raised below, after the barrier the other ranks wait at
-            error = e
-    barrier()
+    stages = (dist.rank == 0, dist.local_rank == 0 and dist.rank > 0, dist.local_rank > 0)
+    for stage, mine in enumerate(stages):
+        if mine:
+            try:
+                value = load(stage < 2)
+            except Exception as e:  # noqa: BLE001 - raised below, after the barriers the other ranks wait at
+                error = e
+        barrier()
     if error is not None:
         raise error
-    return value if dist.local_rank == 0 else load(False)
+    return value

@@ -1,6 +1,6 @@
 """DATA.NAME torchvision: a classic set of torchvision.datasets (DATA.SET) in its own on-disk layout under
-DATA.ROOT, downloaded there with DATA.DOWNLOAD true (each node's local rank 0; the others wait), read through
-runner/data/indexed.py (the image folders' transforms and loaders).
+DATA.ROOT, downloaded there with DATA.DOWNLOAD true (by rank 0, the others waiting: indexed.local_first), read
+through runner/data/indexed.py (the image folders' transforms and loaders).
 
 `SETS` is the one table: DATA.SET -> the torchvision class, how each split is asked for (train=True/False or
 split=...), and the file or folder whose absence means the set is not there (checked before the claim, without
@@ -84,7 +84,7 @@ def _missing(name: str, root: str) -> str:
 
 
 def build(cfg: Any, dist: Any) -> Any:
-    """The set's train and val splits (downloaded first by local rank 0 with DATA.DOWNLOAD), and their loaders."""
+    """The set's train and val splits (downloaded first by rank 0 with DATA.DOWNLOAD), and their loaders."""
     from runner.data import indexed
 
     name = find_set(cfg.DATA.SET)

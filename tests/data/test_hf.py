@@ -138,6 +138,17 @@ def test_integer_labels_without_class_label_name_classes_by_index(tmp_path):
     assert names == [str(i) for i in range(10)] and val.split == "test" and len(train.samples) == 20
 
 
+def test_a_held_out_split_for_data_test_split(tmp_path):
+    images, labels = digits(2)
+    for split in ("train", "validation", "test"):
+        write_split(tmp_path, split, images, labels)
+    test, classes = hf._held_out(make_cfg(tmp_path, "DATA.TEST_SPLIT", "test"), "test")
+    assert (test.split, len(test.samples), classes) == ("test", 20, 10)
+    for split in ("validation", "dev"):
+        with pytest.raises(UserError, match=f"'{split}' is not a held-out split .*others: test"):
+            hf._held_out(make_cfg(tmp_path), split)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Refusals: one line, in-process
 # ---------------------------------------------------------------------------------------------------------

@@ -83,17 +83,18 @@ def test_a_new_sources_rules_are_said_before_the_claim(toy, tmp_path):
 def test_an_unknown_name_is_one_line_naming_the_known_ones():
     with pytest.raises(UserError) as e:
         sources.source("cifar")
-    assert str(e.value) == "DATA.NAME must be one of digits|folder|synthetic|shards, got 'cifar'"
+    assert str(e.value) == "DATA.NAME must be one of digits|folder|synthetic|shards|hf|torchvision, got 'cifar'"
     with pytest.raises(UserError, match=r"got 'digit' \(command line\); did you mean digits\?$"):
         preflight.load_config(["DATA.NAME", "digit"])
 
 
 def test_the_table_says_what_the_runner_asks():
-    assert sources.names() == ["digits", "folder", "synthetic", "shards"]
-    assert [n for n in sources.names() if sources.source(n).run_class_map] == ["folder"]
+    assert sources.names() == ["digits", "folder", "synthetic", "shards", "hf", "torchvision"]
+    assert [n for n in sources.names() if sources.source(n).run_class_map] == ["folder", "hf", "torchvision"]
     assert [n for n in sources.names() if sources.source(n).in_process] == ["digits", "synthetic"]
     assert {n: sources.source(n).files for n in sources.names()} == {
-        "digits": "", "folder": "folder", "synthetic": "", "shards": "shards"}
+        "digits": "", "folder": "folder", "synthetic": "", "shards": "shards", "hf": "hf",
+        "torchvision": "torchvision"}
 
 
 def test_the_table_and_the_checks_import_no_torch(tmp_path):

@@ -136,6 +136,21 @@ def test_files_missing_past_the_check_and_a_failed_download_are_one_line(mnist, 
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("rank, local_rank, first", [(0, 0, True), (2, 0, True), (1, 1, False), (3, 1, False)])
+def test_each_process_loads_once_the_first_of_each_node_downloading(rank, local_rank, first):
+    import torch
+
+    from runner.data.indexed import local_first
+    from runner.distributed import Dist
+
+    calls = []
+    dist = Dist(rank, 4, local_rank, torch.device("cpu"))  # 2 nodes of 2; alone, each barrier passes at once
+    assert local_first(dist, lambda download: calls.append(download) or "loaded") == "loaded"
+    assert calls == [first]
+    with pytest.raises(UserError, match="gone"):
+        local_first(dist, lambda download: (_ for _ in ()).throw(UserError("gone")))
+
+
 def closed_port() -> int:
     """A port on 127.0.0.1 nobody listens on (the OS picked it, then it was closed)."""
     with socket.socket() as s:
