@@ -1,9 +1,7 @@
 """One table of every run under a folder: overridden keys, status and results (no torch import)."""
 from __future__ import annotations
 
-import csv
 import functools
-import io
 import json
 import re
 import time
@@ -15,6 +13,7 @@ import yaml
 
 from runner.config import flatten, get_default_config, same_value
 from runner.config.schema import best_mode
+from runner.csvsafe import csv_text
 from runner.rundir import reader
 from runner.rundir.layout import METRICS, RESULTS, RUN_JSON
 from runner.rundir.marker import is_done
@@ -257,15 +256,13 @@ def _md_cell(text: str) -> str:
 
 
 def to_csv(rows: list[dict[str, Any]], best: int | None) -> str:
-    """CSV with a header line, raw values and a best column (1 for the best run)."""
+    """CSV with a header line, raw values and a best column (1 for the best run); spreadsheet-safe text."""
     if not rows:
         return ""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
     columns = list(rows[0])
-    writer.writerow([*columns, "best"])
+    lines = [[*columns, "best"]]
     for i, row in enumerate(rows):
         cells = [json.dumps(v) if isinstance(v, (list, bool)) else ("" if v is None else v)
                  for v in (row[c] for c in columns)]
-        writer.writerow([*cells, int(i == best)])
-    return buffer.getvalue()
+        lines.append([*cells, int(i == best)])
+    return csv_text(lines)  # a run's name, note or string value that looks like a formula stays text

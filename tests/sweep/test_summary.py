@@ -250,3 +250,17 @@ def test_an_unfinished_runs_best_follows_its_best_metric(tmp_path: Path) -> None
     make_run(tmp_path / "run", {"CHECKPOINT.BEST_METRIC": "val/loss"}, metrics=rows, state={"status": "running"})
     (row,) = summarize(tmp_path)
     assert (row["best/val/top1"], row["best/val/top5"], row["val/top1"]) == (40.0, 85.0, 45.0)
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_start_with_a_quote(tmp_path: Path) -> None:
+    """OWASP's rule for CSV injection: text starting with = + - @ TAB CR is quoted; numbers stay numbers."""
+    from runner.csvsafe import safe_cell
+
+    assert [safe_cell(v) for v in ("=1+1", "+SUM(1,2)", "-cmd", "@x", "\tx", "\rx", "a=b", "", -1.5, -2, None)] == [
+        "'=1+1", "'+SUM(1,2)", "'-cmd", "'@x", "'\tx", "'\rx", "a=b", "", -1.5, -2, None]
+    make_run(tmp_path / '=HYPERLINK("x")', results=done(-3.0), state={"status": "done"})
+    make_run(tmp_path / "+SUM(1,2)", {"TRAIN.LR": 0.2}, state={"status": "failed", "error": "@boom"})
+    rows = by_run(csv_rows(tmp_path))
+    assert set(rows) == {"'=HYPERLINK(\"x\")", "'+SUM(1,2)"}
+    assert rows["'=HYPERLINK(\"x\")"]["val/top1"] == "-3.0"  # a negative number is no formula: as it was
+    assert rows["'+SUM(1,2)"]["note"].startswith("'@boom"), rows
