@@ -5,7 +5,7 @@
       mode: max                   # default: max for top1/top5, min for val/loss
       trials: 20                  # the study's trials in all (a re-run continues them; it never adds 20 more)
       sampler: tpe                # tpe (default), random, grid (choice and int ranges only)
-      seed: 0                     # optional: the sampler's seed (each trial's draw then depends on its number only)
+      seed: 0                     # optional, 0 to 2**32 - 1: trial N's draw then depends on (seed, N) only
       space:
         TRAIN.LR: {log: [1.0e-5, 1.0]}
         TRAIN.WEIGHT_DECAY: {uniform: [0.0, 0.1]}
@@ -40,6 +40,7 @@ EMA_METRICS = {"val_ema/top1": "max", "val_ema/top5": "max"}  # only with TRAIN.
 SAMPLERS = ("tpe", "random", "grid")
 KINDS = ("log", "uniform", "int", "choice")
 TRIAL_PREFIX = "trial_"
+SEED_MAX = 2**32 - 1
 # a number with an exponent and no dot (1e-5): YAML 1.1, which PyYAML reads, takes it as text; the config's keys
 # take it as a number, and so does a range
 EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -112,7 +113,7 @@ def load_search(path: str, extra: list[str] | tuple[str, ...] = (), root: str | 
     eta, min_epochs, rungs = _asha(sweep, raw.get("asha"), base)
     sampler = _choice(sweep, "sampler", raw.get("sampler", "tpe"), SAMPLERS)
     trials = _trials(sweep, raw.get("trials"), sampler, space)
-    seed = _whole(sweep, "seed", raw["seed"], 0) if raw.get("seed") is not None else None
+    seed = _seed(sweep, raw.get("seed"))
     search = Search(sweep, extra, root, metric, mode, trials, sampler, seed, space, eta, min_epochs, rungs,
                     _shared(base))
     _check_ends(search)
@@ -334,6 +335,16 @@ def _choice(sweep: Sweep, name: str, value: Any, allowed: tuple[str, ...]) -> st
     if value not in allowed:
         raise fail(sweep, f"{name} {value!r}: give one of {', '.join(allowed)}")
     return value
+
+
+def _seed(sweep: Sweep, value: Any) -> int | None:
+    """`seed`: None, or a whole number numpy takes as a seed (each trial's own is derived from it and its number)."""
+    if value is None:
+        return None
+    seed = _whole(sweep, "seed", value, 0)
+    if seed > SEED_MAX:  # numpy's RandomState, which Optuna's samplers use, takes 0 to 2**32 - 1
+        raise fail(sweep, f"seed {seed} is above {SEED_MAX} (2**32 - 1, the largest seed the samplers take)")
+    return seed
 
 
 def _whole(sweep: Sweep, name: str, value: Any, least: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
@@ -45,10 +46,16 @@ def distributions(search: Search) -> dict[str, BaseDistribution]:
     return out
 
 
+def trial_seed(seed: int, number: int) -> int:
+    """Trial `number`'s sampler seed: a hash of (seed, number) that fits numpy's seed (0 to 2**32 - 1)."""
+    # not seed + number: seed 1 would repeat seed 0 one trial later, and a large seed would overflow numpy's range
+    return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+
+
 def make_sampler(search: Search, number: int) -> BaseSampler:
-    """The sampler that draws trial `number`: seeded with seed + number when a seed is given."""
+    """The sampler that draws trial `number`: seeded from (seed, number) when a seed is given."""
     # a sampler per trial: two workers with the same seed would otherwise draw the same first values
-    seed = None if search.seed is None else search.seed + number
+    seed = None if search.seed is None else trial_seed(search.seed, number)
     if search.sampler == "random":
         return RandomSampler(seed=seed)
     if search.sampler == "grid":

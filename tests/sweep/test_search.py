@@ -98,9 +98,53 @@ def test_a_range_takes_exponents_without_a_dot(tmp_path):
     ("trials: 0\n", SPACE, ["trials must be a whole number of at least 1"]),
     ("", SPACE, ["trials: give the number of trials"]),
     ("trials: 2\nbudget: 3\n", SPACE, ["unknown key 'budget'"]),
+    ("trials: 2\nseed: 4294967296\n", SPACE, ["seed 4294967296 is above 4294967295"]),
+    ("trials: 2\nseed: -1\n", SPACE, ["seed must be a whole number of at least 0, got -1"]),
+    ("trials: 2\nseed: 0.5\n", SPACE, ["seed must be a whole number"]),
 ])
 def test_mistakes_are_one_line(tmp_path, search, space, match):
     refused(search_file(tmp_path, search, space), *match)
+
+
+def first_draws(search, trials: int = 4) -> list[dict]:
+    """The params of a study's first `trials` trials, each asked with its own sampler as a worker asks it."""
+    import optuna
+
+    from runner.sweep.study import make_sampler
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    draws = []
+    for number in range(trials):
+        study.sampler = make_sampler(search, number)
+        trial = study.ask(distributions(search))
+        study.tell(trial, float(number))  # a finished trial: the next draw may depend on it (TPE), as in a study
+        draws.append(trial.params)
+    return draws
+
+
+def test_the_largest_seed_draws_every_trial(tmp_path):
+    # seed + number was the trial's seed: numpy refused trial 1 of seed 2**32 - 1, after trial 0 had trained
+    for sampler in ("tpe", "random", "grid"):
+        space = SPACE if sampler != "grid" else "    DATA.BATCH_SIZE: {int: [16, 19]}\n"
+        path = search_file(tmp_path, f"trials: 4\nsampler: {sampler}\nseed: 4294967295\n", space,
+                           name=f"{sampler}.yaml")
+        assert len(first_draws(load_search(str(path)))) == 4
+    assert not (tmp_path / "out").exists()
+
+
+def test_two_seeds_are_two_studies_and_one_seed_one_study(tmp_path):
+    # trial n was seeded seed + n: seed 1 repeated seed 0 one trial later (29 of 30 trials the same)
+    space = SPACE + "    TRAIN.WEIGHT_DECAY: {uniform: [0.0, 0.1]}\n"
+    for sampler in ("tpe", "random"):
+        draws = {seed: first_draws(load_search(str(search_file(
+            tmp_path, f"trials: 6\nsampler: {sampler}\nseed: {seed}\n", space, name=f"{sampler}{seed}.yaml"))), 6)
+            for seed in (0, 1)}
+        values = [{v for d in draws[seed] for v in d.values()} for seed in (0, 1)]
+        assert not values[0] & values[1], sampler  # no trial's draw is shared, shifted or not
+        again = first_draws(load_search(str(search_file(tmp_path, f"trials: 6\nsampler: {sampler}\nseed: 0\n",
+                                                        space, name=f"{sampler}again.yaml"))), 6)
+        assert again == draws[0], sampler  # the same seed: the same study (a re-run asks the same trials)
 
 
 def test_mistakes_in_the_file_and_the_command_line(tmp_path):
@@ -290,7 +334,8 @@ def calls(root: Path) -> dict[str, list[str]]:
 
 def fake_search(tmp_path: Path, trials: int = 4, space: str = SPACE):
     """A search of `trials` trials, eta 3 from epoch 1 over 3 epochs, seeded."""
-    return load_search(str(search_file(tmp_path, f"trials: {trials}\nseed: 0\nasha: {{eta: 3, min_epochs: 1}}\n",
+    # seed 1: the 4th trial is below the best of the first 3 at epoch 1, so it does not promote itself
+    return load_search(str(search_file(tmp_path, f"trials: {trials}\nseed: 1\nasha: {{eta: 3, min_epochs: 1}}\n",
                                        space)))
 
 
