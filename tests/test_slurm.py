@@ -472,7 +472,7 @@ def test_search_file_submits_its_workers_and_the_search_table(tmp_path: Path, fa
     assert "submitted 3 worker(s) as array job 7 (0-2%3)" in proc.stdout
     manifest = next((tmp_path / "sweep" / "slurm").glob("submit-*.tsv")).read_text().splitlines()
     assert [line.split("\t")[0] for line in manifest] == ["worker_0", "worker_1", "worker_2"]
-    assert manifest[0].split("\t")[3] == f"-m runner.sweep search --no-table {path} LOG.PERIOD 5 "
+    assert manifest[0].split("\t")[3:] == ["-m", "runner.sweep", "search", "--no-table", str(path), "LOG.PERIOD", "5"]
     array, table = sbatch_calls(fake_sbatch)
     assert "--requeue" in array and table[-1].endswith(f"search --table {path} LOG.PERIOD 5 | tee "
                                                       f"{tmp_path / 'sweep' / 'slurm' / 'table.md'}")
@@ -489,7 +489,86 @@ def test_single_run_keeps_its_slurm_files_in_its_own_folder(tmp_path: Path, fake
     assert sorted(p.name for p in runs.iterdir()) == ["mine", "r1.slurm"], proc.stdout
     assert {p.name for p in (runs / "r1.slurm").iterdir()} == {"logs", "slurm"}
     manifest = next((runs / "r1.slurm" / "slurm").glob("submit-*.tsv")).read_text()
-    assert f"OUTPUT_DIR {runs / 'r1'} " in manifest and len(sbatch_calls(fake_sbatch)) == 2
+    assert f"OUTPUT_DIR\t{runs / 'r1'}" in manifest and len(sbatch_calls(fake_sbatch)) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The task manifest: no field ever reaches a shell (issue 46, item 4)
+# ---------------------------------------------------------------------------------------------------------------
+INJECT = "$(touch {mark})`touch {mark}`"  # what eval of a field would run
+
+
+@pytest.mark.parametrize("where", ["SWEEP_ROOT", "root:", "a value", "run's OUTPUT_DIR", "search root:"])
+def test_a_tab_or_newline_in_a_field_is_refused_before_submitting(tmp_path: Path, fake_sbatch: Path,
+                                                                  where: str) -> None:
+    """A TAB in the sweep's root shifted the manifest's fields, and the task's eval ran a $(...) from them."""
+    mark = tmp_path / "injected"
+    bad = f"{tmp_path}/x\t{INJECT.format(mark=mark)}"
+    env, args = {"SBATCH": str(fake_sbatch)}, []
+    if where == "SWEEP_ROOT":
+        env["SWEEP_ROOT"] = bad
+        args = [str(sweep_file(tmp_path, GRID))]
+    elif where in ("root:", "search root:"):
+        body = GRID if where == "root:" else "search: {trials: 2, space: {TRAIN.LR: {log: [0.001, 0.1]}}}\n"
+        args = [str(sweep_file(tmp_path, body, root=json.dumps(bad)))]  # a YAML string with its \t
+    elif where == "a value":
+        args = [str(sweep_file(tmp_path, GRID)), "DATA.ROOT", f"/data\n{INJECT.format(mark=mark)}"]
+    else:
+        args = ["run", "--cfg", CFG, "OUTPUT_DIR", bad]
+    line = assert_user_error(slurm_sh(None, *args, **env), "holds a TAB or a newline")
+    assert "x\\t" in line or "\\n" in line, line  # the field, quoted
+    assert sbatch_calls(fake_sbatch) == [] and not mark.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["sbatch", *(["s.yaml"] if args[0] != "run" else [])])
+
+
+def run_task(tmp_path: Path, manifest: Path, task: int = 0) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """tools/sweeps/slurm_task.sh on line `task` of `manifest`, with an srun that records its argv and exits 0."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "srun.calls"
+    (bin_dir / "srun").write_text(f"#!{sys.executable}\nimport json, sys\nwith open({str(calls)!r}, 'a') as f:\n"
+                                  "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 1\n")  # no time left known: no TRAIN.TIME_LIMIT injected
+    for tool in ("srun", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
+           "SLURM_ARRAY_TASK_ID": str(task), "SLURM_JOB_ID": "7"}
+    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_GPUS_PER_NODE", "NPROC_PER_NODE"):
+        env.pop(key, None)
+    proc = subprocess.run(["bash", str(ROOT / "tools" / "sweeps" / "slurm_task.sh"), str(ROOT / "tools" / "sweeps"),
+                           str(manifest)], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    runs = [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
+    return proc, runs
+
+
+def test_the_task_runs_each_field_as_it_is(tmp_path: Path) -> None:
+    """Each field after the third is one argument, as written: empty, spaced, quoted or $(...), none is evaluated."""
+    mark = tmp_path / "injected"
+    args = ["tools/train.py", "KEY", INJECT.format(mark=mark), "EMPTY", "", "SPACED", "a  b", "QUOTES", "'\"\\",
+            "GLOB", "*", "LAST", ""]
+    manifest = tmp_path / "submit.tsv"
+    manifest.write_text("\t".join(["pt", str(tmp_path / "root"), str(tmp_path / "root" / "pt"), *args]) + "\n")
+    proc, runs = run_task(tmp_path, manifest)
+    assert proc.returncode == 0 and "pt: done" in proc.stdout, proc.stdout + proc.stderr
+    assert len(runs) == 1 and runs[0][runs[0].index("step") + 1:] == [sys.executable, *args]
+    assert not mark.exists()
+    proc, runs = run_task(tmp_path, manifest, task=1)  # no such line
+    assert proc.returncode == 2 and "line 2 of" in proc.stderr and len(runs) == 1
+
+
+def test_a_submitted_value_reaches_the_task_unchanged(tmp_path: Path, fake_sbatch: Path) -> None:
+    """slurm.sh's manifest read back by slurm_task.sh: a point's $(...) value is one argument, never run."""
+    mark = tmp_path / "injected"
+    value = f"/data/{INJECT.format(mark=mark)} x"
+    proc = slurm_sh(None, str(sweep_file(tmp_path, GRID)), "DATA.ROOT", value, SBATCH=str(fake_sbatch))
+    assert proc.returncode == 0, proc.stderr
+    manifest = next((tmp_path / "sweep" / "slurm").glob("submit-*.tsv"))
+    proc, runs = run_task(tmp_path, manifest, task=3)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argv = runs[0][runs[0].index("step") + 1:]
+    assert argv[:2] == [sys.executable, str(ROOT / "tools" / "train.py")] and argv[-2:] == [
+        "OUTPUT_DIR", str(tmp_path / "sweep" / "lr=0.05,model.name=test_efficientnet")], argv
+    assert argv[argv.index("DATA.ROOT") + 1] == value and not mark.exists()
 
 
 def markdown_names(table: str) -> list[str]:

@@ -26,6 +26,18 @@ slurm_fail() {  # MESSAGE: one line on stderr, exit 2, nothing submitted
   exit 2
 }
 
+manifest_line() {  # NAME ROOT RUN_DIR ARG...: append a task's line to LINES; a TAB or newline in a field: exit 2
+  # the task reads its fields back split at TABs and runs them as they are, never through eval: a field that held a
+  # TAB or a newline would shift the others, so it is refused here, before anything is written or submitted
+  local field line
+  for field in "$@"; do
+    [[ $field != *[$'\t\n']* ]] || slurm_fail "$(printf %q "$field") (task $(printf %q "$1")) holds a TAB or a newline, which" \
+      "no field of a task may hold; rename it (the sweep's root:, SWEEP_ROOT, a point's value, the file's path)"
+  done
+  printf -v line '%s\t' "$@"
+  LINES+=("${line%$'\t'}")
+}
+
 run_point() {  # --cfg FILE KEY VALUE ... with OUTPUT_DIR DIR: the one point of `run`, checked (NAMES, DIRS, point_cmd)
   [[ ${1:-} == --cfg && $# -ge 2 ]] || slurm_fail "run needs --cfg FILE first, then KEY VALUE pairs with OUTPUT_DIR"
   local cfg=$2 out="" args=() why
@@ -94,15 +106,13 @@ else
   slurm_fail "$WHAT is neither a sweep file (.yaml or .yml) nor run or table; $USAGE"
 fi
 
-mkdir -p "$ROOT/slurm/events" "$ROOT/slurm/logs" "$ROOT/logs" 2>/dev/null ||
-  slurm_fail "the sweep's root $ROOT cannot be made a folder; give a folder path"
-rm -f "$ROOT/slurm/STOP"  # a new submission: requeues are wanted again
-manifest="$ROOT/slurm/submit-$(date +%Y%m%d-%H%M%S)-$$.tsv"
+LINES=()  # the task manifest: one line per task, every field checked (manifest_line), written once all are
 if [[ $KIND == search ]]; then  # K workers; each line: worker_k, root, root, python's arguments
   WORKERS=${WORKERS:-${THROTTLE:-1}}
   need_count WORKERS "$WORKERS"
-  printf -v line '%q ' -m runner.sweep search --no-table "$FILE" "$@"
-  for ((k = 0; k < WORKERS; k++)); do printf '%s\t%s\t%s\t%s\n' "worker_$k" "$ROOT" "$ROOT" "$line"; done >"$manifest"
+  for ((k = 0; k < WORKERS; k++)); do
+    manifest_line "worker_$k" "$ROOT" "$ROOT" -m runner.sweep search --no-table "$FILE" "$@"
+  done
   n=$WORKERS what="worker(s)" skipped=""
   table_cmd=("$PY" -m runner.sweep search --table "$FILE" "$@")
   printf -v now '%q ' "${table_cmd[@]}"
@@ -118,13 +128,18 @@ else
   fi
   for i in "${todo[@]}"; do
     point_cmd "$i"
-    printf -v line '%q ' "${CMD[@]:1}"  # the interpreter is the task's own PYTHON (and torchrun's)
-    printf '%s\t%s\t%s\t%s\n' "${NAMES[i]}" "$ROOT" "${DIRS[i]}" "$line"
-  done >"$manifest"
+    manifest_line "${NAMES[i]}" "$ROOT" "${DIRS[i]}" "${CMD[@]:1}"  # the interpreter: the task's own PYTHON
+  done
   n=${#todo[@]} what="point(s)" skipped="; $((${#NAMES[@]} - n)) done point(s) skipped"
   table_cmd=("$PY" "$HERE/slurm_helper.py" table "$ROOT" --sort best/val/top1)
   printf -v now 'tools/sweeps/slurm.sh table %q' "$ROOT"
 fi
+
+mkdir -p "$ROOT/slurm/events" "$ROOT/slurm/logs" "$ROOT/logs" 2>/dev/null ||
+  slurm_fail "the sweep's root $ROOT cannot be made a folder; give a folder path"
+rm -f "$ROOT/slurm/STOP"  # a new submission: requeues are wanted again
+manifest="$ROOT/slurm/submit-$(date +%Y%m%d-%H%M%S)-$$.tsv"
+printf '%s\n' "${LINES[@]}" >"$manifest"
 
 array="0-$((n - 1))${THROTTLE:+%$THROTTLE}"
 job=$("$SBATCH" --parsable --requeue --job-name="sweep-$NAME" --array="$array" --signal="B:$WARN_SIGNAL" \

@@ -136,7 +136,7 @@ def manifest_folders(root: Path) -> dict[str, Path]:
     for manifest in sorted((root / "slurm").glob("submit-*.tsv")):
         for line in manifest.read_text(errors="replace").splitlines():
             fields = line.split("\t")
-            if len(fields) == 4 and Path(fields[2]).parent != Path(fields[1]):
+            if len(fields) >= 4 and Path(fields[2]).parent != Path(fields[1]):  # name, root, folder, arguments
                 folders[fields[0]] = Path(fields[2])
     return folders
 

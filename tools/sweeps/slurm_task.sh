@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One array task of tools/sweeps/slurm.sh (sbatch runs a copy of this file, so the folder comes as argument):
 #   slurm_task.sh TOOLS_SWEEPS_DIR MANIFEST
-# Trains line SLURM_ARRAY_TASK_ID of MANIFEST (point, root, run folder, python's arguments: tools/train.py's, or a
-# search worker's `-m runner.sweep search`, which is always one process) through srun: one process, or one torchrun
-# per node with the c10d rendezvous on the allocation's first node. The warning signal (USR1 or
+# Trains line SLURM_ARRAY_TASK_ID of MANIFEST (TAB-separated fields: point, root, run folder, then python's arguments
+# one per field: tools/train.py's, or a search worker's `-m runner.sweep search`, which is always one process; no
+# field holds a TAB or a newline, slurm.sh refuses them, and none is ever evaluated) through srun: one process, or
+# one torchrun per node with the c10d rendezvous on the allocation's first node. The warning signal (USR1 or
 # USR2 to this shell) goes on to the training processes as USR1: they save and exit 75, and this task requeues
 # its own array element, which then resumes from the checkpoint. Exit 76 (hung) is requeued once; other
 # failures are not. SIGTERM from SLURM (scontrol requeue, scancel, the time limit) is left to SLURM.
@@ -12,9 +13,22 @@ HERE=$1 MANIFEST=$2
 PY=${PYTHON:-python}
 HELPER=("$PY" "$HERE/slurm_helper.py")
 task=${SLURM_ARRAY_TASK_ID:-0}
-IFS=$'\t' read -r name root out quoted < <(sed -n "$((task + 1))p" "$MANIFEST")
-[[ -n ${quoted:-} ]] || { echo "slurm task: line $((task + 1)) of $MANIFEST is missing" >&2; exit 2; }
-eval "args=($quoted)"
+
+manifest_fields() {  # LINE: FIELDS, its TAB-separated fields as they are (empty ones kept; nothing is evaluated)
+  local rest=$1
+  FIELDS=()
+  while [[ $rest == *$'\t'* ]]; do
+    FIELDS+=("${rest%%$'\t'*}")
+    rest=${rest#*$'\t'}
+  done
+  FIELDS+=("$rest")
+}
+
+IFS= read -r line < <(sed -n "$((task + 1))p" "$MANIFEST") || line=""
+manifest_fields "$line"
+((${#FIELDS[@]} >= 4)) || { echo "slurm task: line $((task + 1)) of $MANIFEST is missing" >&2; exit 2; }
+name=${FIELDS[0]} root=${FIELDS[1]} out=${FIELDS[2]}
+args=("${FIELDS[@]:3}")
 log=$root/logs/$name.log events=$root/slurm/events/$name.jsonl
 if [[ -e $root/slurm/STOP ]]; then
   echo "slurm task: $name not started: $root/slurm/STOP exists (the sweep was stopped; re-submit to go on)"
