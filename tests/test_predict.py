@@ -193,17 +193,86 @@ def test_predict_folder_to_csv_and_jsonl(trained, photos, tmp_path: Path):
     assert any(a["top"] != b["top"] for a, b in zip(tta, lines, strict=True))  # a digit's mirror is another image
 
 
-def test_predict_output_mistakes(tmp_path: Path):
+def run_main(argv: list[str], capsys) -> tuple[int, str, list[str]]:
+    """tools/predict.py's main in this process: (exit code, stdout, the stderr lines that are not blank)."""
+    with pytest.raises(SystemExit) as exit_:
+        _predict_module().main(argv)
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, [line for line in err.splitlines() if line.strip()]
+
+
+def test_predict_output_mistakes(tmp_path: Path, capsys):
+    """Each said in one line, exit 2, before any image is read (the image here is no image at all)."""
     weights = tmp_path / "w.pth"
     weights.write_bytes(b"")
     image = tmp_path / "a.jpg"
     image.write_bytes(b"")
     (tmp_path / "old.csv").write_text("image\n")
+    (tmp_path / "x.csv").mkdir()
+    (tmp_path / "file").write_text("")
     base = ["--cfg", str(ROOT / "configs" / "digits" / "resnet18.yaml"), "MODEL.CHECKPOINT", str(weights), str(image)]
     for args, words in ((["--output", str(tmp_path / "p.txt")], ["p.txt", ".csv or .jsonl"]),
                         (["--output", str(tmp_path / "old.csv")], ["exists", "--force"]),
+                        (["--output", str(tmp_path / "OLD.CSV"), "--force"], ["OLD.CSV", "does not exist"]),
                         (["--output", str(tmp_path / "p.csv"), "--json"], ["give one of them"]),
+                        (["--output", str(tmp_path / "x.csv"), "--force"], ["x.csv is a folder"]),
+                        (["--output", str(tmp_path / "new" / "p.csv")], ["new does not exist"]),
+                        (["--output", str(tmp_path / "file" / "p.jsonl")], ["file is not a folder"]),
                         (["--tta", "crops"], ["--tta", "flip"])):
-        res = run_tool("predict.py", *base, *args)
-        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-        assert all(w in res.stderr for w in words), res.stderr
+        if "OLD.CSV" in args[1]:  # the extension's case does not matter: OLD.CSV is a CSV file, in a folder gone
+            args = ["--output", str(tmp_path / "gone" / "OLD.CSV"), "--force"]
+        code, _, err = run_main(base + args, capsys)
+        assert code == 2 and len(err) == 1, err
+        assert all(w in err[0] for w in words), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jpg", "file", "old.csv", "w.pth", "x.csv"]
+
+
+# ---- names that a spreadsheet would run; a run's config read from another folder ------------------------------------
+FORMULA_CLASSES = ['=HYPERLINK("http://x")', "+SUM(1,2)"]
+
+
+@pytest.fixture(scope="module")
+def formulas(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(config whose DATA.ROOT is relative and nowhere, untrained 2-class weights whose run's class_map.json names
+    the classes like formulas, a folder of images named like formulas too)."""
+    import timm
+    import torch
+
+    base = tmp_path_factory.mktemp("formulas")
+    cfg = base / "config.yaml"
+    cfg.write_text("MODEL: {NAME: resnet10t, NUM_CLASSES: 2}\nDEVICE: cpu\n"
+                   "DATA: {NAME: folder, ROOT: data, IMG_SIZE: 16, NUM_WORKERS: 0, EVAL_BATCH_SIZE: 4}\n")
+    ckpt = base / "run" / "checkpoints" / "w.pth"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({"model": timm.create_model("resnet10t", num_classes=2).state_dict()}, ckpt)
+    write_class_map(base / "run", FORMULA_CLASSES)  # what training writes from the class folders' names
+    photos = base / "photos"
+    for rel in ('=HYPERLINK("x")/a.png', '=HYPERLINK("x")/-cmd.png', "+SUM(1,2)/b.png", "@c.png"):
+        (photos / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (20, 20), (200, 10, 10)).save(photos / rel)
+    return cfg, ckpt, photos
+
+
+def test_predict_csv_is_spreadsheet_safe_and_jsonl_unchanged(formulas, tmp_path: Path, monkeypatch, capsys):
+    """Run from the images' folder, where the config's relative DATA.ROOT is not: predict reads no data.
+
+    An argument starting with - is an option, so -cmd.png comes inside a folder here (a class folder has no "/" in
+    its name); the rule's own cases, - among them, are in tests/sweep/test_summary.py.
+    """
+    cfg, ckpt, photos = formulas
+    monkeypatch.chdir(photos)  # image paths relative to here: each starts its CSV cell
+    images = ['=HYPERLINK("x")', "+SUM(1,2)/b.png", "@c.png"]
+    base = ["--cfg", str(cfg), "MODEL.CHECKPOINT", str(ckpt), *images, "--topk", "2"]
+    code, out, err = run_main([*base, "--output", str(tmp_path / "preds.CSV")], capsys)  # the extension's case
+    assert code == 0 and "wrote 4 predictions" in out, err
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "preds.CSV").read_text())))
+    expected = ['=HYPERLINK("x")/-cmd.png', '=HYPERLINK("x")/a.png', "+SUM(1,2)/b.png", "@c.png"]
+    assert [r["image"] for r in rows] == ["'" + name for name in expected]
+    for r in rows:
+        assert {r["class_1"], r["class_2"]} == {"'" + c for c in FORMULA_CLASSES}, r
+        assert 0 <= float(r["prob_2"]) <= float(r["prob_1"]) <= 1  # numbers stay numbers
+    code, out, err = run_main([*base, "--output", str(tmp_path / "preds.jsonl")], capsys)
+    assert code == 0, err
+    lines = read_jsonl(tmp_path / "preds.jsonl")
+    assert [r["image"] for r in lines] == expected
+    assert all({t["class"] for t in r["top"]} == set(FORMULA_CLASSES) for r in lines)

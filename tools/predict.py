@@ -15,7 +15,10 @@ OUTPUT_DIR/checkpoints/), else the class folders of DATA.ROOT/train, else the cl
 
 Without --output: a table (or one JSON object with --json) on stdout. --output FILE.csv writes a header and one
 row per image (image, class_1, prob_1, ..., class_k, prob_k); FILE.jsonl one JSON object per image ({"image",
-"top": [{"class", "index", "prob"}, ...]}). An existing file is refused unless --force.
+"top": [{"class", "index", "prob"}, ...]}). In the CSV, an image or class name that a spreadsheet would read as a
+formula (starting with = + - @, a tab or a carriage return) starts with a ' (OWASP's rule); JSONL keeps names as
+they are. The extension's case does not matter (preds.CSV). An existing file is refused unless --force; a folder,
+or a file in a folder that does not exist, is refused before any image is classified.
 An image that cannot be read is one `error:` line on stderr, left out of the output, and exit code 2; every
 other image is still predicted.
 """
@@ -108,11 +111,28 @@ def check_args(args: argparse.Namespace, images: list[str]) -> None:
         return
     if args.json:
         raise UserError("--json prints to stdout and --output writes a file: give one of them")
-    if not args.output.endswith(OUTPUT_FORMATS):
-        raise UserError(f"--output {args.output}: the file's extension says its format; use "
-                        f"{' or '.join(OUTPUT_FORMATS)}")
-    if os.path.lexists(args.output) and not args.force:
-        raise UserError(f"--output {args.output} exists: add --force to replace it, or choose another name")
+    check_output(args.output, args.force)
+
+
+def output_format(path: str) -> str:
+    """The format its extension names, whatever its case (preds.CSV is a CSV file); '' for any other."""
+    return next((f for f in OUTPUT_FORMATS if path.lower().endswith(f)), "")
+
+
+def check_output(path: str, force: bool) -> None:
+    """--output's mistakes, said before any image is classified rather than after all of them."""
+    if not output_format(path):
+        raise UserError(f"--output {path}: the file's extension says its format; use {' or '.join(OUTPUT_FORMATS)}")
+    if os.path.isdir(path):  # --force cannot help: a folder is never replaced by a file
+        raise UserError(f"--output {path} is a folder: give a file name (e.g. {os.path.join(path, 'preds.csv')})")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        what = "is not a folder" if os.path.lexists(parent) else "does not exist"
+        raise UserError(f"--output {path}: the folder {parent} {what}; create it first or choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--output {path}: the folder {parent} is not writable by this user")
+    if os.path.lexists(path) and not force:
+        raise UserError(f"--output {path} exists: add --force to replace it, or choose another name")
 
 
 @cli
@@ -123,12 +143,15 @@ def main(argv: list[str] | None = None) -> int:
                                 "IMAGE_OR_FOLDER [...]")
     add_options(parser)
     rest, images = split_images(sys.argv[1:] if argv is None else list(argv), parser)
-    loaded = config_command(rest, parser)
+    # no data is read: a run's config.yaml with a DATA.ROOT relative to where it trained works from anywhere
+    loaded = config_command(rest, parser, check_paths=False)
     if loaded is None:
         return 0
     cfg, info = loaded
     if not cfg.MODEL.CHECKPOINT:
         raise UserError("tools/predict.py needs weights: add MODEL.CHECKPOINT path/to/checkpoint.pth")
+    if not os.path.isfile(cfg.MODEL.CHECKPOINT):  # the one path predict reads, checked as load_config would
+        raise UserError(f"MODEL.CHECKPOINT {cfg.MODEL.CHECKPOINT!r} is not a file")
     args = info.args
     check_args(args, images)
     from runner.data.folder import IMG_EXTENSIONS, expand_images
@@ -215,24 +238,23 @@ def write_output(path: str, results: list[dict], errors: list[tuple[str, str]]) 
     """The predictions as CSV or JSONL, written whole or not at all; one line on stdout says where."""
     from runner.fsutil import atomic_write
 
-    atomic_write(path, csv_text(results) if path.endswith(".csv") else "".join(
+    atomic_write(path, csv_text(results) if output_format(path) == ".csv" else "".join(
         json.dumps(r) + "\n" for r in results))
     skipped = f"; {len(errors)} unreadable image{'s' if len(errors) != 1 else ''} skipped" if errors else ""
     print(f"wrote {len(results)} predictions to {path}{skipped}", flush=True)
 
 
 def csv_text(results: list[dict]) -> str:
-    """A header and one row per image: image, then class_r and prob_r for each rank r of its top-k."""
-    import csv
-    import io
+    """A header and one row per image: image, then class_r and prob_r for each rank r of its top-k.
+
+    Spreadsheet-safe: an image or class name that a spreadsheet would read as a formula starts with a '.
+    """
+    from runner import csvsafe
 
     k = max((len(r["top"]) for r in results), default=0)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["image"] + [f"{c}_{r}" for r in range(1, k + 1) for c in ("class", "prob")])
-    for r in results:
-        writer.writerow([r["image"]] + [v for t in r["top"] for v in (t["class"], t["prob"])])
-    return buffer.getvalue()
+    header = ["image"] + [f"{c}_{r}" for r in range(1, k + 1) for c in ("class", "prob")]
+    return csvsafe.csv_text([header] + [[r["image"]] + [v for t in r["top"] for v in (t["class"], t["prob"])]
+                                        for r in results])
 
 
 def print_table(results: list[dict]) -> None:
