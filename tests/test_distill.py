@@ -13,7 +13,7 @@ from runner.config import get_default_config, validate
 from runner.distill import distillation_loss
 from runner.model import build_model
 from tests.engine.test_resume import Launch, assert_same_run
-from tests.utils import TRAIN, assert_user_error, run_tool
+from tests.utils import TRAIN, assert_user_error, merge_pairs, run_tool
 
 DIGITS = ["--cfg", "configs/digits/resnet18.yaml", "DATA.NUM_WORKERS", "0"]
 
@@ -30,8 +30,8 @@ def teacher(tmp_path_factory) -> str:
 def cfg_with(**overrides):
     """A validated, frozen digits-like config (16 px, resnet10t student) with `overrides`."""
     cfg = get_default_config()
-    cfg.merge_from_list(["MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", 16, "OUTPUT_DIR", "/nonexistent"])
-    cfg.merge_from_list([x for pair in overrides.items() for x in pair])
+    merge_pairs(cfg, ["MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", 16, "OUTPUT_DIR", "/nonexistent"])
+    merge_pairs(cfg, [x for pair in overrides.items() for x in pair])
     validate(cfg, check_files=False)
     cfg.freeze()
     return cfg

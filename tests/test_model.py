@@ -8,6 +8,7 @@ from runner.config import get_default_config
 from runner.engine import build_trainer
 from runner.errors import UserError
 from runner.model import build_model
+from tests.utils import merge_pairs
 
 
 def tiny_cfg(**overrides):
@@ -18,7 +19,7 @@ def tiny_cfg(**overrides):
     cfg.DATA.BATCH_SIZE = 8
     cfg.DATA.IMG_SIZE = 32
     cfg.OUTPUT_DIR = "/nonexistent-not-written"
-    cfg.merge_from_list([x for pair in overrides.items() for x in pair])
+    merge_pairs(cfg, [x for pair in overrides.items() for x in pair])
     cfg.freeze()
     return cfg
 

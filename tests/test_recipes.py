@@ -18,15 +18,15 @@ from runner.engine.evaluation import evaluate
 from runner.errors import UserError
 from runner.model import build_model
 from tests.data.fixtures import export_digits_jpegs
-from tests.utils import TRAIN, assert_user_error, run_tool
+from tests.utils import TRAIN, assert_user_error, merge_pairs, run_tool
 
 
 def tiny_cfg(**overrides):
     """A validated, frozen config for a tiny synthetic run (resnet10t, 32 px, batches of 8)."""
     cfg = get_default_config()
-    cfg.merge_from_list(["DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", 16, "DATA.BATCH_SIZE", 8,
+    merge_pairs(cfg, ["DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", 16, "DATA.BATCH_SIZE", 8,
                          "DATA.IMG_SIZE", 32, "MODEL.NAME", "resnet10t", "OUTPUT_DIR", "/nonexistent-not-written"])
-    cfg.merge_from_list([x for pair in overrides.items() for x in pair])
+    merge_pairs(cfg, [x for pair in overrides.items() for x in pair])
     validate(cfg, check_files=False)
     cfg.freeze()
     return cfg

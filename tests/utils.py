@@ -133,3 +133,17 @@ def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, what: str, tim
         assert proc.poll() is None, f"the process ended (rc {proc.returncode}) before {what}"
         assert time.monotonic() < end, f"not within {timeout} s: {what}"
         time.sleep(0.01)
+
+
+def merge_pairs(cfg, pairs: list) -> None:
+    """yacs's merge_from_list with the runner's own reading of each value (KEY VALUE, a value as text or as
+    Python): "auto" keys (DATA.MEAN, ...) take a list as the command line does, where yacs would refuse its type."""
+    from runner.config.schema import coerce_value, lookup, set_value
+
+    for key, value in zip(pairs[::2], pairs[1::2], strict=True):
+        raw = value if isinstance(value, str) else None
+        if isinstance(value, str):
+            import yaml
+
+            value = yaml.safe_load(value) if value.strip() else value
+        set_value(cfg, key, coerce_value(key, value, lookup(key), raw))

@@ -23,7 +23,7 @@ from runner.data.folder import (
 from runner.data.folder.dataset import posterize
 from runner.errors import UserError
 from tests.data.fixtures import export_digits_jpegs
-from tests.utils import ROOT, TINY, assert_user_error, run_tool
+from tests.utils import ROOT, TINY, assert_user_error, merge_pairs, run_tool
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def folder_args(root: Path, *pairs: str) -> list[str]:
 def folder_cfg(root: Path, *pairs: str):
     """A frozen config for the folder at root."""
     cfg = get_default_config()
-    cfg.merge_from_list(folder_args(root, *pairs))
+    merge_pairs(cfg, folder_args(root, *pairs))
     cfg.freeze()
     return cfg
 

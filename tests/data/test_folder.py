@@ -28,14 +28,14 @@ from runner.data.folder import (
 )
 from runner.errors import UserError
 from tests.data.fixtures import export_digits_jpegs
-from tests.utils import ROOT
+from tests.utils import ROOT, merge_pairs
 
 
 def make_cfg(root: Path | str, **overrides) -> object:
     """A frozen default config for DATA.NAME folder at `root`, 32 px, with dotted-key overrides."""
     cfg = get_default_config()
     cfg.DATA.NAME, cfg.DATA.ROOT, cfg.DATA.IMG_SIZE = "folder", str(root) if root else "", 32
-    cfg.merge_from_list([x for key, value in overrides.items() for x in (key.replace("__", "."), value)])
+    merge_pairs(cfg, [x for key, value in overrides.items() for x in (key.replace("__", "."), value)])
     cfg.freeze()
     return cfg
 

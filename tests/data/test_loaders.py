@@ -8,6 +8,7 @@ from runner.config import get_default_config
 from runner.data import build_data
 from runner.data.loaders import DeviceLoader, ResumableLoader, ToDevice, host_loader, to_device_async
 from runner.distributed import Dist
+from tests.utils import merge_pairs
 
 CPU = Dist(0, 1, 0, torch.device("cpu"))
 
@@ -15,7 +16,7 @@ CPU = Dist(0, 1, 0, torch.device("cpu"))
 def small_cfg(*pairs):
     """Default config, 8 px digits, with KEY VALUE overrides."""
     cfg = get_default_config()
-    cfg.merge_from_list(["DATA.NAME", "digits", "DATA.IMG_SIZE", 8, "DATA.BATCH_SIZE", 32, "DATA.NUM_WORKERS", 0,
+    merge_pairs(cfg, ["DATA.NAME", "digits", "DATA.IMG_SIZE", 8, "DATA.BATCH_SIZE", 32, "DATA.NUM_WORKERS", 0,
                          *pairs])
     cfg.freeze()
     return cfg

@@ -17,6 +17,7 @@ from torchvision import transforms
 from runner.config import get_default_config
 from runner.data.folder import build_transform, open_image, speed_up, timm_transform
 from runner.data.folder.decode import FastColorJitter, FastRandomResizedCrop
+from tests.utils import merge_pairs
 
 DRAWS = 60  # seeded draws per image
 
@@ -34,7 +35,7 @@ def cfg_for(size: int, **overrides):
     """A frozen default config (folder data, `size` px) with dotted-key overrides."""
     cfg = get_default_config()
     cfg.DATA.NAME, cfg.DATA.IMG_SIZE = "folder", size
-    cfg.merge_from_list([x for key, value in overrides.items() for x in (key.replace("__", "."), value)])
+    merge_pairs(cfg, [x for key, value in overrides.items() for x in (key.replace("__", "."), value)])
     cfg.freeze()
     return cfg
 

@@ -15,7 +15,7 @@ import pytest
 from runner.config import get_default_config
 from runner.rundir.lock import RunLock
 from runner.sweep.summary import summarize
-from tests.utils import assert_user_error
+from tests.utils import assert_user_error, merge_pairs
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD = time.time() - 3600  # an hour ago: long past the "recently active" window
@@ -28,7 +28,7 @@ def make_run(folder: Path, overrides: dict | None = None, results: dict | None =
     folder.mkdir(parents=True)
     cfg = get_default_config()
     cfg.OUTPUT_DIR = str(folder)
-    cfg.merge_from_list([x for pair in (overrides or {}).items() for x in pair])
+    merge_pairs(cfg, [x for pair in (overrides or {}).items() for x in pair])
     (folder / "config.yaml").write_text(cfg.dump())
     if results is not None:
         (folder / "results.json").write_text(json.dumps(results, indent=2))

@@ -57,7 +57,8 @@ def hub(served, tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     # what the client read from the environment when it was first imported, as it would read it now
     monkeypatch.setattr(constants, "ENDPOINT", served.url)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", served.url + "/{repo_id}/resolve/{revision}/{filename}")
+    template = served.url + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(weights_hub, "_FETCHED", {})
@@ -97,7 +98,8 @@ def test_a_cut_download_is_resumed_and_never_read_half(hub):
     assert found.sha256 == served_sha(hub) == hashlib.sha256(Path(found.file).read_bytes()).hexdigest()
     gets = [p for p in hub.gets() if p.endswith(FILE)]
     assert len(gets) == 2 and hub.downloads(REPO, FILE) == 1  # the cut one, then the one that finished
-    assert found.revision == hub.commit(REPO) and found.repo == REPO and found.size == len(Path(found.file).read_bytes())
+    assert found.revision == hub.commit(REPO) and found.repo == REPO
+    assert found.size == len(Path(found.file).read_bytes())
 
 
 def test_a_download_that_keeps_breaking_fails_in_one_line_and_leaves_no_file(hub):
