@@ -43,6 +43,40 @@ def check(cfg: Any, fail: Any, check_files: bool, world: int) -> None:
     if len(set(splits)) < len(splits):
         fail("DATA.VAL_SPLIT", f"DATA.TRAIN_SPLIT, DATA.VAL_SPLIT and DATA.TEST_SPLIT name one split twice "
                                f"({', '.join(splits)}): each must be a different split")
+    if check_files and _at_hand(d.ROOT):
+        try:
+            _labelled(cfg)
+        except UserError as e:
+            fail("DATA.ROOT", str(e))
+
+
+def known_split(cfg: Any) -> tuple[int, int] | None:
+    """(training samples, classes) of a dataset at hand (local, or from the cache offline); None for one on the
+    Hub, which rank 0 downloads after the claim."""
+    if not _at_hand(cfg.DATA.ROOT):
+        return None
+    train, _, names = _labelled(cfg)
+    return len(train.samples), len(names)
+
+
+def _at_hand(root: str) -> bool:
+    """Whether loading the dataset reads only this machine: a local path, or any dataset with HF_HUB_OFFLINE set
+    (then from the cache). Such a dataset is loaded, and its splits, columns and labels checked, before the claim."""
+    if _looks_local(root):
+        return True
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _labelled(cfg: Any) -> tuple[Any, Any, list[str]]:
+    """_splits, every label of train and val a class index (the one-line UserError otherwise)."""
+    from runner.data.indexed import check_labels
+
+    train, val, names = _splits(cfg)
+    for rows in (train, val):
+        check_labels(rows, len(names), _where(cfg))
+    return train, val, names
 
 
 def _looks_local(root: str) -> bool:
@@ -122,8 +156,20 @@ def _train_val(cfg: Any, splits: list[str]) -> tuple[str, str]:
     return train, found[0] if found else ""
 
 
+_FOUND: dict[tuple, tuple] = {}  # _splits' answers by the keys they read: the check, known_split and build ask alike
+_READS = ("ROOT", "SET", "TRAIN_SPLIT", "VAL_SPLIT", "TEST_SPLIT", "IMAGE_COLUMN", "LABEL_COLUMN", "VAL_FRACTION")
+
+
 def _splits(cfg: Any) -> tuple[Any, Any, list[str]]:
-    """(train Rows, val Rows, class names) of the dataset."""
+    """(train Rows, val Rows, class names) of the dataset, found once per process for the same keys."""
+    key = (cfg.SEED, *(getattr(cfg.DATA, k) for k in _READS))
+    if key not in _FOUND:
+        _FOUND[key] = _find_splits(cfg)
+    return _FOUND[key]
+
+
+def _find_splits(cfg: Any) -> tuple[Any, Any, list[str]]:
+    """(train Rows, val Rows, class names): the splits, columns and classes found or named."""
     dd = load(cfg.DATA.ROOT, cfg.DATA.SET)
     train_name, val_name = _train_val(cfg, list(dd))
     table = dd[train_name]

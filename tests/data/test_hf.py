@@ -62,8 +62,10 @@ def cache(tmp_path_factory, monkeypatch):
     """datasets' cache in a folder of the test session, and no dataset remembered from another test."""
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_cache"))
     hf.load.cache_clear()
+    hf._FOUND.clear()
     yield
     hf.load.cache_clear()
+    hf._FOUND.clear()
 
 
 def make_cfg(root: Path | str, *pairs: str):
@@ -193,6 +195,21 @@ def test_unlabelled_val_rows_and_too_few_outputs_are_refused(tmp_path):
         check_classes(make_cfg(tmp_path, "MODEL.NUM_CLASSES", "5"), names, "here")
 
 
+def test_a_local_dataset_is_checked_before_the_claim(hub, tmp_path):
+    from runner import preflight
+
+    assert sources.source("hf").known_split(make_cfg(hub)) == (400, 10)
+    assert "has no split 'training'" in refused(make_cfg(hub, "DATA.TRAIN_SPLIT", "training"))
+    with pytest.raises(UserError, match="has 10 classes but MODEL.NUM_CLASSES is 5"):
+        preflight.check_before_claim(make_cfg(hub, "MODEL.NUM_CLASSES", "5"), 1)
+    with pytest.raises(UserError, match=r"larger than the training split of DATA.NAME hf \(400 samples\)"):
+        preflight.check_before_claim(make_cfg(hub, "DATA.BATCH_SIZE", "256"), 2)
+    images, labels = digits(2)
+    write_split(tmp_path, "train", images, labels)
+    write_split(tmp_path, "test", images, [-1] * len(labels))
+    assert "test row 0 has label -1" in refused(make_cfg(tmp_path))
+
+
 def test_a_hub_dataset_missing_offline_is_one_line(monkeypatch):
     import huggingface_hub.constants
 
@@ -203,13 +220,13 @@ def test_a_hub_dataset_missing_offline_is_one_line(monkeypatch):
     assert "HF_HUB_OFFLINE is set: only datasets already in the cache" in line
 
 
-@pytest.mark.slow
 def test_a_run_offline_without_the_dataset_exits_2_with_one_line(tmp_path):
     out = tmp_path / "o"
     proc = run_tool("train.py", ["DATA.NAME", "hf", "DATA.ROOT", "nobody/no-such-dataset", "OUTPUT_DIR", str(out)],
                     env=dict(runs_env(tmp_path), HF_HUB_OFFLINE="1"), timeout=120)
     assert_user_error(proc, "DATA.ROOT nobody/no-such-dataset: the Hugging Face dataset could not be loaded",
                       "HF_HUB_OFFLINE is set")
+    assert not out.exists()  # said before the claim: nothing written
 
 
 def runs_env(tmp_path: Path) -> dict:
