@@ -64,15 +64,21 @@ class Run:
 
 @functools.cache
 def default_values() -> dict[str, Any]:
-    """The defaults of runner.config, flattened (computed once), tuples as lists as config.yaml reads back."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in flatten(get_default_config()).items()}
+    """The defaults of runner.config, flattened (computed once), tuples as lists as config.yaml reads back; an
+    "auto" key as a run without pretrained weights stores it (so only weights' own values make a column)."""
+    from runner.config.schema import AUTO_KEYS, is_auto
+
+    flat = {k: AUTO_KEYS[k] if is_auto(k, v) else v for k, v in flatten(get_default_config()).items()}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
 
 
 def changed_keys(config: dict[str, Any]) -> dict[str, Any]:
     """Keys of a flattened config whose value differs from the defaults (unknown keys included)."""
+    from runner.config.schema import is_auto
+
     defaults = default_values()
-    return {k: v for k, v in sorted(config.items())
-            if k not in IGNORED_KEYS and (k not in defaults or not same_value(defaults[k], v))}
+    return {k: v for k, v in sorted(config.items()) if k not in IGNORED_KEYS and not is_auto(k, v)
+            and (k not in defaults or not same_value(defaults[k], v))}
 
 
 def read_config(run: Run, folder: Path) -> None:
