@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Check an image-folder dataset (DATA.ROOT/train/<class>/..., DATA.ROOT/val/<class>/...) or shards (DATA.NAME
-shards: every sample of every shard read, decoded and its .cls checked) before training.
+"""Check an image-folder dataset (DATA.ROOT/train/<class>/..., DATA.ROOT/val/<class>/...), shards (DATA.NAME
+shards: every sample of every shard read, decoded and its .cls checked), a Hugging Face or a torchvision dataset
+(DATA.NAME hf | torchvision: every image of every split the run reads opened) before training.
 
     python tools/check_data.py --cfg configs/my_folder.yaml [KEY VALUE ...]
 
@@ -115,6 +116,54 @@ def check_shards(cfg) -> int:
     return 1 if bad else 0
 
 
+def check_rows(cfg) -> int:
+    """DATA.NAME hf or torchvision: every image of every split the run reads opened and decoded, counted per class
+    (the source's own checks, labels and MODEL.NUM_CLASSES first, as training makes them)."""
+    import torch
+
+    from runner.distributed import Dist
+
+    plain = cfg.clone()
+    plain.defrost()
+    plain.DATA.NUM_WORKERS = 0  # the datasets are read here, in this process
+    plain.freeze()
+    src = source(cfg.DATA.NAME)
+    bundle = src.build(plain, Dist(0, 1, 0, torch.device("cpu")))
+    splits = {"train": bundle.train, "val": bundle.val}
+    if cfg.DATA.TEST_SPLIT:
+        splits[cfg.DATA.TEST_SPLIT] = src.build_split(plain, Dist(0, 1, 0, torch.device("cpu")), cfg.DATA.TEST_SPLIT)
+    names, bad = bundle.class_names, []
+    t0 = time.perf_counter()
+    counts = {split: _decode_all(loader.loader.dataset, names, bad) for split, loader in splits.items()}
+    total = sum(sum(c.values()) for c in counts.values())
+    print(f"DATA.NAME {cfg.DATA.NAME} {cfg.DATA.ROOT}: {len(names)} classes, {total} images checked in "
+          f"{time.perf_counter() - t0:.1f}s\n")
+    width = max([len(c) for c in names] + [5])
+    print(f"{'class':<{width}}  " + "  ".join(f"{s:>10}" for s in counts))
+    for i, name in enumerate(names):
+        print(f"{name:<{width}}  " + "  ".join(f"{counts[s].get(i, 0):>10}" for s in counts))
+    if bad:
+        print(f"\n{len(bad)} bad images:")
+        for what, reason in bad:
+            print(f"  {what}: {reason}")
+        return 1
+    print("\nall images are readable")
+    return 0
+
+
+def _decode_all(dataset, names: list[str], bad: list) -> dict[int, int]:
+    """Open and decode every sample of a dataset (FolderDataset over rows); the readable ones per class index."""
+    counts: dict[int, int] = {}
+    for row, label in dataset.samples:
+        try:
+            dataset.opener(row).convert("RGB")
+        except Exception as e:  # noqa: BLE001 - PIL raises many types for a damaged image
+            bad.append((dataset.describe(row), f"{type(e).__name__}: {e}"))
+            continue
+        counts[label] = counts.get(label, 0) + 1
+    return counts
+
+
 @cli
 def main(argv: list[str] | None = None) -> int:
     """Scan DATA.ROOT with every file checked; report; exit 0 clean, 1 bad files, 2 structural problems."""
@@ -125,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     files = source(cfg.DATA.NAME).files  # what DATA.ROOT holds: image folders, shards, or nothing
     if files == "shards":
         return check_shards(cfg)
+    if files in ("hf", "torchvision"):
+        return check_rows(cfg)
     if files != "folder" and not cfg.DATA.ROOT:  # a config for in-memory data with a DATA.ROOT: read as folders
         raise UserError(f"tools/check_data.py checks image folders; this config reads DATA.NAME {cfg.DATA.NAME}, "
                         "which has no files to check (give DATA.NAME folder DATA.ROOT <folder> to check one)")

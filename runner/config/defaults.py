@@ -66,10 +66,11 @@ _C.MODEL.GRAD_CHECKPOINTING = False
 # ---------------------------------------------------------------------------------------------------------
 _C.DATA = CN()
 # Dataset, a name in runner/data/sources.py (which checks it): digits (sklearn 8x8 digits, in memory) | folder
-# (ImageFolder layout under ROOT) | synthetic | shards (webdataset tar shards under ROOT, streamed: see SHARD_*)
+# (ImageFolder layout under ROOT) | synthetic | shards (webdataset tar shards under ROOT, streamed: see SHARD_*) |
+# hf (a Hugging Face dataset: ROOT is its Hub repo id or a local path) | torchvision (the set DATA.SET under ROOT)
 _C.DATA.NAME = "digits"
-# Dataset root folder (needed by folder and shards; shards also take an http(s) URL); "~" expanded; relative to
-# the current folder
+# Dataset root folder (needed by folder, shards, torchvision; shards also take an http(s) URL; hf: a Hub repo id
+# or a local path); "~" expanded; relative to the current folder
 _C.DATA.ROOT = ""
 # Side of the square input images, in pixels
 _C.DATA.IMG_SIZE = 32

@@ -6,8 +6,10 @@ Modules, imports running one way (each imports only those above it):
     folder/   image folders: scan (and check), decode (fast first steps), dataset (timm transforms)
     loaders   the resume contract (ResumableLoader), DeviceLoader, ShardSampler, ToDevice
     shards/   webdataset tar shards: index, the layout-free order of streams, the streaming loader
+    indexed   a source over a set indexable by row, each row an (image, label): the folder's transforms and
+              loaders, one download per node; hf (Hugging Face datasets) and tvsets (torchvision's sets) use it
     sources   DATA.NAME -> Source, torch-free: each source's module (digits, synthetic, folder/source,
-              shards/source: build, and its config check run before OUTPUT_DIR is claimed) and what the rest
+              shards/source, hf, tvsets: build, and its config check run before OUTPUT_DIR is claimed) and what the rest
               of the runner asks of it; nothing outside runner/data/ branches on DATA.NAME
     resize    DATA.IMG_SIZE_SCHEDULE: ResizedLoader resizes the training batches to their epoch's size
     build     build_data(cfg, dist): the source's loaders, and the warnings about keys it ignores

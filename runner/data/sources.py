@@ -110,8 +110,9 @@ def unknown_name(name: Any) -> tuple[str, str]:
 def no_split(name: str, split: str) -> str:
     """The one line for a split asked of a source that only has train and val."""
     with_splits = [n for n, src in SOURCES.items() if src.files]
-    return (f"DATA.NAME {name} has no {split!r} split (only train and val); a test split is read from image files: "
-            f"DATA.NAME {'|'.join(with_splits)} with DATA.ROOT/{split or 'test'}/")
+    return (f"DATA.NAME {name} has no {split!r} split (only train and val); a test split is read from files: "
+            f"DATA.NAME {'|'.join(with_splits)} (a folder's or the shards' DATA.ROOT/{split or 'test'}/, a Hugging "
+            "Face or torchvision set's own split)")
 
 
 def source(name: str) -> Source:
