@@ -160,6 +160,17 @@ _C.DATA.IMAGE_COLUMN = ""
 # DATA.NAME hf: the column holding the labels; "" = the one ClassLabel column (its names are the class names), else
 # a column called label or labels (integers: the class indices; strings: classes sorted by name)
 _C.DATA.LABEL_COLUMN = ""
+# DATA.NAME hf: read the dataset's parquet files as streams, never downloaded or loaded whole (sets beyond the
+# disk): the order is DATA.NAME shards' (SHARD_STREAMS fixed streams over the train split's files, shuffled within
+# SHARD_WINDOW rows; a function of SEED and the epoch only), each process reading streams k = rank (mod processes),
+# each loader worker its share, the epoch's length from the files' parquet footers. Needs parquet files (the
+# Hub's layout), a val split (none is held out of a stream) and labels that are class indices (ClassLabel or
+# integers). Mid-epoch and elastic resume are exact on any number of processes dividing SHARD_STREAMS and any
+# number of workers (a resume refuses a change of SHARD_STREAMS or SHARD_WINDOW), as long as the split's files are
+# unchanged: a file with fewer rows than at the start is one line, but files added or removed, or rows rewritten,
+# give another order or other images unnoticed; so a Hub dataset given a new commit since the run began is no
+# longer the same run: stream a copy you control. Each epoch leaves out (rows mod SHARD_STREAMS) rows, as shards do
+_C.DATA.HF_STREAMING = False
 
 # ---------------------------------------------------------------------------------------------------------
 # Augmentation (training only; passed to timm's transform factory)

@@ -6,7 +6,9 @@ Splits: DATA.TRAIN_SPLIT (train) and DATA.VAL_SPLIT (the first of validation, va
 DATA.VAL_FRACTION of train is held out, the same rows for a given SEED). Columns: the one `Image` feature and the
 one `ClassLabel` feature (else a column called label or labels), or DATA.IMAGE_COLUMN / DATA.LABEL_COLUMN; class
 names from the ClassLabel. `datasets` honours HF_ENDPOINT, HF_HUB_OFFLINE, HF_HOME and HF_TOKEN itself; a Hub
-dataset is downloaded by one process (rank 0) while the others wait (indexed.local_first).
+dataset is downloaded by one process (rank 0) while the others wait (indexed.local_first). With
+DATA.HF_STREAMING, nothing is downloaded: the parquet files are read as streams (hf_stream.py finds them, hf_rows.py
+reads them in the shards source's order).
 
 A source module (runner/data/sources.py): `datasets` only inside functions, so that the check says in one line
 that it is missing.
@@ -43,16 +45,37 @@ def check(cfg: Any, fail: Any, check_files: bool, world: int) -> None:
     if len(set(splits)) < len(splits):
         fail("DATA.VAL_SPLIT", f"DATA.TRAIN_SPLIT, DATA.VAL_SPLIT and DATA.TEST_SPLIT name one split twice "
                                f"({', '.join(splits)}): each must be a different split")
-    if check_files and _at_hand(d.ROOT):
+    if d.HF_STREAMING:
+        _check_streaming(cfg, fail, check_files, world)
+    elif check_files and _at_hand(d.ROOT):
         try:
             _labelled(cfg)
         except UserError as e:
             fail("DATA.ROOT", str(e))
 
 
+def _check_streaming(cfg: Any, fail: Any, check_files: bool, world: int) -> None:
+    """DATA.HF_STREAMING's rules; with files, its splits, columns, classes and rows (footers only: nothing is
+    downloaded, so a Hub dataset is checked too)."""
+    from runner.data import hf_stream
+
+    try:
+        hf_stream.check_streams(cfg, world)
+    except UserError as e:
+        fail("DATA.HF_STREAMING", str(e))
+    if check_files:
+        try:
+            hf_stream.check_rows(_stream_splits(cfg)[0], cfg.DATA.SHARD_STREAMS)
+        except UserError as e:
+            fail("DATA.ROOT", str(e))
+
+
 def known_split(cfg: Any) -> tuple[int, int] | None:
     """(training samples, classes) of a dataset at hand (local, or from the cache offline); None for one on the
-    Hub, which rank 0 downloads after the claim."""
+    Hub, which rank 0 downloads after the claim (streamed, its row count from the footers)."""
+    if cfg.DATA.HF_STREAMING:
+        train, _, names = _stream_splits(cfg)
+        return train.total, len(names)
     if not _at_hand(cfg.DATA.ROOT):
         return None
     train, _, names = _labelled(cfg)
@@ -88,6 +111,8 @@ def build(cfg: Any, dist: Any) -> Any:
     """Load the dataset (rank 0 first), find splits and columns, and the train and val loaders."""
     from runner.data import indexed
 
+    if cfg.DATA.HF_STREAMING:
+        return _build_streaming(cfg, dist)
     train, val, names = indexed.local_first(dist, lambda first: _splits(cfg))
     return indexed.bundle(cfg, dist, train, val, names, _where(cfg))
 
@@ -96,6 +121,12 @@ def build_split(cfg: Any, dist: Any, split: str) -> Any:
     """An evaluation loader over another split of the dataset, classes as training's."""
     from runner.data import indexed
 
+    if cfg.DATA.HF_STREAMING:
+        from runner.data import hf_rows
+
+        files = _stream_files(cfg)
+        rows = _stream_held_out(cfg, files, split)
+        return hf_rows.eval_loader(cfg, dist, rows, len(_stream_columns(cfg, files)[2]))
     rows, classes = indexed.local_first(dist, lambda first: _held_out(cfg, split))
     return indexed.eval_loader(cfg, dist, rows, classes, _where(cfg))
 
@@ -196,6 +227,72 @@ def _held_out(cfg: Any, split: str) -> tuple[Any, int]:
     image, label = image_column(cfg, table), label_column(cfg, table)
     names, to_index = classes(table, label)
     return _rows(cfg, dd[split], split, image, label, to_index), len(names)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# DATA.HF_STREAMING: the parquet files read as streams (runner/data/hf_stream.py, hf_rows.py)
+# ---------------------------------------------------------------------------------------------------------
+def _build_streaming(cfg: Any, dist: Any) -> Any:
+    """The streaming loaders: nothing downloaded, each process reading its streams of the train files."""
+    from runner.data import hf_rows, hf_stream
+    from runner.data.classes import check_classes
+
+    hf_stream.check_streams(cfg, dist.world_size)
+    train, val, names = _stream_splits(cfg)
+    check_classes(cfg, names, _where(cfg))
+    for rows in (train, val):
+        log.info("%s: %d rows in %d parquet files, streamed (%s)", rows.split, rows.total, len(rows.urls),
+                 _where(cfg))
+    return hf_rows.bundle(cfg, dist, train, val, names)
+
+
+def _stream_files(cfg: Any) -> dict[str, tuple[str, ...]]:
+    """{split: parquet files} of the dataset, as `datasets` resolves them; one line when it cannot."""
+    from runner.data import hf_stream
+
+    datasets = _quiet()
+    try:
+        return hf_stream.data_files(cfg.DATA.ROOT, cfg.DATA.SET)
+    except (datasets.exceptions.DatasetsError, OSError, ValueError, ImportError) as e:
+        raise UserError(_not_loaded(cfg.DATA.ROOT, e, datasets.config)) from None
+
+
+def _stream_columns(cfg: Any, files: dict[str, tuple[str, ...]]) -> tuple[str, str, list[str]]:
+    """(image column, label column, class names) from the features of the train split's first file."""
+    from types import SimpleNamespace
+
+    from runner.data import hf_stream
+
+    table = SimpleNamespace(features=hf_stream.features(files[_train_val(cfg, list(files))[0]][0]))
+    image, label = image_column(cfg, table), label_column(cfg, table)
+    return image, label, hf_stream.index_classes(table.features[label], cfg.MODEL.NUM_CLASSES, label, _where(cfg))
+
+
+def _stream_splits(cfg: Any) -> tuple[Any, Any, list[str]]:
+    """(train, val ParquetSplit, class names); a val split is needed (a stream has no rows to hold out)."""
+    from runner.data import hf_stream
+
+    files = _stream_files(cfg)
+    train, val = _train_val(cfg, list(files))
+    if not val:
+        raise UserError(f"{_where(cfg)} has no validation split ({'|'.join(VAL_NAMES)}): DATA.HF_STREAMING cannot "
+                        "hold out DATA.VAL_FRACTION of a stream; name one with DATA.VAL_SPLIT")
+    image, label, names = _stream_columns(cfg, files)
+    splits = [hf_stream.parquet_split(s, files[s], image, label, _where(cfg)) for s in (train, val)]
+    return splits[0], splits[1], names
+
+
+def _stream_held_out(cfg: Any, files: dict[str, tuple[str, ...]], split: str) -> Any:
+    """The ParquetSplit of a held-out split (DATA.TEST_SPLIT, tools/eval.py --split)."""
+    from runner.data import hf_stream
+
+    train, val = _train_val(cfg, list(files))
+    if split not in files or split in (train, val):
+        others = [s for s in files if s not in (train, val)]
+        raise UserError(f"{_where(cfg)}: {split!r} is not a held-out split (train {train}, val {val or 'none'}; "
+                        f"others: {', '.join(others) or 'none'})")
+    image, label, _ = _stream_columns(cfg, files)
+    return hf_stream.parquet_split(split, files[split], image, label, _where(cfg))
 
 
 # ---------------------------------------------------------------------------------------------------------
