@@ -8,6 +8,7 @@ Modules, imports running one way (each imports only those above it):
     shards/   webdataset tar shards: index, the layout-free order of streams, the streaming loader
     indexed   a source over a set indexable by row, each row an (image, label): the folder's transforms and
               loaders, one download per node; hf (Hugging Face datasets) and tvsets (torchvision's sets) use it
+    hf_stream, hf_rows   DATA.HF_STREAMING: parquet files as the shards' streams (order, resume, rank/worker split)
     sources   DATA.NAME -> Source, torch-free: each source's module (digits, synthetic, folder/source,
               shards/source, hf, tvsets: build, and its config check run before OUTPUT_DIR is claimed) and what the rest
               of the runner asks of it; nothing outside runner/data/ branches on DATA.NAME
