@@ -8,7 +8,8 @@ the same class folders, for DATA.TEST_SPLIT test), each split's index.json (shar
 sample counts, so a run knows its steps per epoch before step 1) and DST/class_map.json. Each sample is KEY.jpg
 (the file's own bytes, not re-encoded; .png etc. keep their extension) and KEY.cls (the class index). Samples are
 mixed across classes with a seeded permutation (--class-order keeps them class by class: the worst case for a
-streaming shuffle). The same folder and settings give the same bytes.
+streaming shuffle). The same folder and settings give the same bytes. A class folder is walked as DATA.NAME folder
+walks it (runner/data/folder/scan.py's own walk): images in its sub-folders are packed too, hidden entries skipped.
 
 Shards are made to be published, so only what SRC holds goes in: a symbolic link whose target is outside SRC stops
 the tool before anything is written (skipping it would publish a data set that silently lacks those samples; copy
@@ -31,12 +32,12 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from runner.data.folder.scan import IMG_EXTENSIONS, class_dirs, image_files
 from runner.data.shards.index import CLASS_MAP
 from runner.errors import UserError, argument_error, cli
 
 SPLITS = ("train", "val")
 OPTIONAL_SPLITS = ("test",)  # packed too when SRC has it: a held-out split for DATA.TEST_SPLIT
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")  # as runner.data.folder reads
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -52,14 +53,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def list_split(src: Path, split: str, classes: list[str]) -> list[tuple[Path, int]]:
-    """(file, class index) of one split, class by class, files sorted."""
+    """(file, class index) of one split, class by class: the files DATA.NAME folder trains on (its own recursive
+    walk of a class folder, sub-folders included, hidden entries skipped), sorted by path."""
     out = []
     for i, name in enumerate(classes):
         folder = src / split / name
         if not folder.is_dir():
             raise UserError(f"{folder} is missing: every class of {src / 'train'} needs a folder in {split}/ too")
-        files = sorted(f for f in folder.iterdir() if f.suffix.lower() in IMG_EXTENSIONS and f.is_file())
-        out += [(f, i) for f in files]
+        out += [(Path(f), i) for f in image_files(folder)]  # the folder source's own walk: sub-folders too
     if not out:
         raise UserError(f"{src / split} holds no image files ({', '.join(IMG_EXTENSIONS)})")
     return out
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{src} needs train/ and val/ folders of class folders (SRC/train/<class>/*.jpg)")
     if dst.exists() and any(dst.iterdir()):
         raise UserError(f"{dst} is not empty: give a new folder (shards are never overwritten)")
-    classes = sorted(d.name for d in (src / "train").iterdir() if d.is_dir() and not d.name.startswith("."))
+    classes = [d.name for d in class_dirs(src / "train")]
     if not classes:
         raise UserError(f"{src / 'train'} has no class folders")
     present = SPLITS + tuple(split for split in OPTIONAL_SPLITS if (src / split).is_dir())

@@ -94,9 +94,9 @@ def test_pipe_placeholders_are_one_shell_word_each(small, tmp_path):
 # 2. tools/make_shards.py: nothing from outside SRC, nothing that is not an image
 # ---------------------------------------------------------------------------------------------------------
 def members(dst: Path) -> dict[str, bytes]:
-    """Every member of every shard under dst, by name."""
+    """Every member of every shard under dst (a shards folder or one split's), by name."""
     out = {}
-    for path in sorted(dst.glob("*/*.tar")):
+    for path in sorted(dst.glob("*/*.tar")) + sorted(dst.glob("*.tar")):
         with tarfile.open(path) as tar:
             out.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
     return out
@@ -142,6 +142,30 @@ def test_make_shards_skips_files_that_are_not_images(jpegs, tmp_path):
     assert not any("notes" in n or "cut" in n for n in names)
     assert json.loads((dst / "train" / "index.json").read_text())["shards"][0][1] == 50  # the 50 good ones
     assert "train: 50 samples" in got.stdout and "2 files skipped" in got.stdout
+
+
+def test_make_shards_packs_the_images_in_a_class_folders_sub_folders(jpegs, tmp_path):
+    """A class whose images lie only in sub-folders (and one nested deeper) is packed with the count the folder
+    source trains on, under its own class index (issue 46, item 10: the class was packed empty)."""
+    from runner.data.folder import scan_folder
+    from tests.data.test_folder import make_cfg
+
+    src = shutil.copytree(jpegs, tmp_path / "src")
+    cat = src / "train" / "3"
+    files = sorted(cat.iterdir())
+    for n, f in enumerate(files):
+        sub = cat / ("indoor" if n % 2 else "outdoor/deeper")
+        sub.mkdir(parents=True, exist_ok=True)
+        f.rename(sub / f.name)
+    (cat / ".hidden").mkdir()  # hidden entries are never data, in either tool
+    shutil.copy(cat / "indoor" / files[1].name, cat / ".hidden" / "x.jpg")
+    dst = make_shards(src, tmp_path / "dst", "--class-order")
+    trained = scan_folder(make_cfg(src)).counts
+    classes = json.loads((dst / "class_map.json").read_text())
+    for split in ("train", "val"):
+        labels = [classes[data.decode()] for name, data in members(dst / split).items() if name.endswith(".cls")]
+        assert {c: labels.count(c) for c in classes.values()} == trained[split]
+    assert trained["train"]["3"] == len(files) == 5
 
 
 # ---------------------------------------------------------------------------------------------------------
