@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Check an image-folder dataset (DATA.ROOT/train/<class>/..., DATA.ROOT/val/<class>/...), shards (DATA.NAME
-shards: every sample of every shard read, decoded and its .cls checked), a Hugging Face or a torchvision dataset
-(DATA.NAME hf | torchvision: every image of every split the run reads opened) before training.
+"""Check every split a run reads (train, val, and DATA.TEST_SPLIT when set) before training: an image-folder
+dataset (DATA.ROOT/<split>/<class>/...), shards (DATA.NAME shards: every sample of every shard read, decoded and its
+.cls checked), a Hugging Face or a torchvision dataset (DATA.NAME hf | torchvision: every image opened).
 
     python tools/check_data.py --cfg configs/my_folder.yaml [KEY VALUE ...]
 
@@ -9,8 +9,9 @@ Opens every image file (the same scan training runs, with the file check forced 
 class in each split, every structural problem and every bad file with its reason, all at once.
 
 exit codes: 0 clean; 1 bad files found (listed; training skips them while their share stays within
-DATA.BAD_FILE_BUDGET); 2 structural problems (missing root or split folder, empty split, empty class,
-class folders that differ between train and val, fewer MODEL.NUM_CLASSES than classes) or bad arguments.
+DATA.BAD_FILE_BUDGET); 2 structural problems (missing root or split folder, DATA.TEST_SPLIT's included, empty split,
+empty class, class folders that differ between train and val, a test class folder train lacks, fewer
+MODEL.NUM_CLASSES than classes) or bad arguments.
 """
 from __future__ import annotations
 
@@ -28,18 +29,56 @@ from runner.preflight import config_command
 SPLITS = ("train", "val")  # as in runner.data.folder, which is imported only once the arguments are good
 
 
-def print_counts(index) -> None:
+def run_splits(cfg) -> tuple[str, ...]:
+    """The splits a run reads: train, val and DATA.TEST_SPLIT when set."""
+    return SPLITS + ((cfg.DATA.TEST_SPLIT,) if cfg.DATA.TEST_SPLIT else ())
+
+
+def n_usable(index, split: str) -> int:
+    """Usable images of one split (the test split's too, which FolderIndex.samples does not hold)."""
+    return sum(index.counts.get(split, {}).values())
+
+
+def print_counts(index, splits: tuple[str, ...] = SPLITS) -> None:
     """A table: one row per class, usable (and bad) images per split."""
     width = max([len(c) for c in index.classes] + [5])
-    print(f"{'class':<{width}}  " + "  ".join(f"{s:>14}" for s in SPLITS))
+    print(f"{'class':<{width}}  " + "  ".join(f"{s:>14}" for s in splits))
     for c in index.classes:
         cells = []
-        for s in SPLITS:
+        for s in splits:
             good, bad = index.counts.get(s, {}).get(c), index.bad_counts.get(s, {}).get(c, 0)
             cells.append("-" if good is None else f"{good}" + (f" (+{bad} bad)" if bad else ""))
         print(f"{c:<{width}}  " + "  ".join(f"{x:>14}" for x in cells))
-    totals = [f"{len(index.samples(s))}" + (f" (+{index.n_bad(s)} bad)" if index.n_bad(s) else "") for s in SPLITS]
+    totals = [f"{n_usable(index, s)}" + (f" (+{index.n_bad(s)} bad)" if index.n_bad(s) else "") for s in splits]
     print(f"{'total':<{width}}  " + "  ".join(f"{x:>14}" for x in totals))
+
+
+def scan_test_split(cfg, index) -> None:
+    """Scan DATA.TEST_SPLIT as the run does (every file checked; classes those of train) into `index`: its counts
+    per class, its bad files, and what the run would refuse as a structural problem."""
+    from pathlib import Path
+
+    from runner.data.folder.scan import class_dirs, scan_split
+
+    split, train = cfg.DATA.TEST_SPLIT, Path(index.root) / "train"
+    classes = [d.name for d in class_dirs(train)] if train.is_dir() else index.classes
+    checked = cfg.clone()
+    checked.defrost()
+    checked.DATA.CHECK = True  # every file opened, as for train and val
+    checked.freeze()
+    try:
+        good, bad = scan_split(checked, split, classes)
+    except UserError as e:  # missing, empty, or a class folder train lacks
+        index.problems.append(str(e))
+        return
+    present = [d.name for d in class_dirs(Path(index.root) / split)]  # a class may have no folder here ("-")
+    index.counts[split] = dict.fromkeys(present, 0)
+    index.bad_counts[split] = dict.fromkeys(present, 0)
+    for _, label in good:
+        index.counts[split][classes[label]] += 1
+    for path, reason in bad:
+        index.bad.append((path, reason))
+        index.bad_counts[split][Path(path).relative_to(Path(index.root) / split).parts[0]] += 1
 
 
 def class_count_problems(index, cfg) -> list[str]:
@@ -92,15 +131,16 @@ def check_shards(cfg) -> int:
 
     t0 = time.perf_counter()
     classes = read_classes(cfg)
-    counts: dict = {s: {} for s in SPLITS}
+    splits = run_splits(cfg)
+    counts: dict = {s: {} for s in splits}
     bad: list = []
     problems: list = []
-    n = sum(read_split_shards(cfg, s, len(classes), counts, bad, problems) for s in SPLITS)
+    n = sum(read_split_shards(cfg, s, len(classes), counts, bad, problems) for s in splits)
     print(f"DATA.ROOT {cfg.DATA.ROOT}: {len(classes)} classes, {n} samples read in {time.perf_counter() - t0:.1f}s\n")
     width = max([len(c) for c in classes] + [5])
-    print(f"{'class':<{width}}  " + "  ".join(f"{s:>8}" for s in SPLITS))
+    print(f"{'class':<{width}}  " + "  ".join(f"{s:>8}" for s in splits))
     for i, c in enumerate(classes):
-        print(f"{c:<{width}}  " + "  ".join(f"{counts[s].get(i, 0):>8}" for s in SPLITS))
+        print(f"{c:<{width}}  " + "  ".join(f"{counts[s].get(i, 0):>8}" for s in splits))
     if bad:
         print(f"\n{len(bad)} bad samples:")
         for where, reason in bad:
@@ -185,12 +225,15 @@ def main(argv: list[str] | None = None) -> int:
         build_transform(cfg, training)
     t0 = time.perf_counter()
     index = scan_folder(cfg, check=True, strict=False)
-    n_files = sum(index.n_files(s) for s in SPLITS)
+    splits = run_splits(cfg)
+    if cfg.DATA.TEST_SPLIT:
+        scan_test_split(cfg, index)
+    n_files = sum(n_usable(index, s) + index.n_bad(s) for s in splits)
     print(f"DATA.ROOT {index.root}: {len(index.classes)} classes, {n_files} image files checked "
           f"in {time.perf_counter() - t0:.1f}s\n")
-    print_counts(index)
-    for split in SPLITS:
-        n_bad, n_all = index.n_bad(split), index.n_files(split)
+    print_counts(index, splits)
+    for split in splits:
+        n_bad, n_all = index.n_bad(split), n_usable(index, split) + index.n_bad(split)
         if n_bad:
             verdict = "over" if n_bad / n_all > cfg.DATA.BAD_FILE_BUDGET else "within"
             print(f"\n{split}: {n_bad} of {n_all} files bad ({n_bad / n_all:.2%}), {verdict} "

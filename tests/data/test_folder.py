@@ -359,6 +359,44 @@ def test_check_data_structural_problem_exits_2_with_one_line(tree: Path, tmp_pat
     assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0 and "nope" in missing.stderr
 
 
+def tree_with_test_split(tmp_path: Path) -> tuple[Path, str]:
+    """Digits (3 a class) with a test split copied from val, two of train/3's bad files moved into test/3, and a
+    config reading it as DATA.TEST_SPLIT."""
+    root = export_digits_jpegs(tmp_path / "d", size=16, per_class=3)
+    shutil.copytree(root / "val", root / "test")
+    write_bad_files(root)
+    for name in ("truncated.jpg", "notes.jpg"):
+        (root / "train/3" / name).rename(root / "test/3" / name)
+    return root, str(write_yaml(tmp_path / "c.yaml", root, "  TEST_SPLIT: test\n"))
+
+
+def test_check_data_counts_and_lists_the_test_splits_bad_files(tmp_path: Path):
+    """DATA.TEST_SPLIT is checked like train and val (issue 46, item 12): its column of counts, its bad files."""
+    root, cfg = tree_with_test_split(tmp_path)
+    res = run_tool("check_data.py", "--cfg", cfg)
+    assert res.returncode == 1, res.stderr
+    header = next(ln for ln in res.stdout.splitlines() if ln.startswith("class"))
+    assert header.split() == ["class", "train", "val", "test"]
+    assert "test: 2 of 12 files bad" in res.stdout and "test/3/notes.jpg" in res.stdout
+    assert "test/3/truncated.jpg" in res.stdout
+    total = next(ln for ln in res.stdout.splitlines() if ln.startswith("total"))
+    assert total.split()[1:] == ["20", "(+1", "bad)", "10", "10", "(+2", "bad)"]
+
+
+def test_check_data_refuses_a_test_split_the_run_refuses(tmp_path: Path):
+    """A test class folder train lacks, or a missing test folder: a structural problem, exit 2, one line."""
+    root, cfg = tree_with_test_split(tmp_path)
+    (root / "test/zebra").mkdir()
+    shutil.copy(next((root / "test/0").glob("*.jpg")), root / "test/zebra/z.jpg")
+    unknown = run_tool("check_data.py", "--cfg", cfg)
+    assert unknown.returncode == 2 and unknown.stderr.strip().count("\n") == 0, unknown.stderr
+    assert "zebra" in unknown.stderr and "train/3/zero.jpg" in unknown.stdout  # train's report is still made
+    shutil.rmtree(root / "test")
+    missing = run_tool("check_data.py", "--cfg", cfg)
+    assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0, missing.stderr
+    assert "TEST_SPLIT" in missing.stderr and str(root / "test") in missing.stderr
+
+
 def test_check_data_help_states_exit_codes():
     res = run_tool("check_data.py", "--help")
     assert res.returncode == 0 and "1 bad files found" in res.stdout and "2 structural" in res.stdout

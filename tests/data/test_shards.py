@@ -383,3 +383,23 @@ def test_check_data_reads_every_sample(small, tmp_path):
     root = variant(small, tmp_path / "bad", shard="train-000001.tar", change=each_member(".jpg", JPEG_GARBAGE))
     bad = run_tool("check_data.py", [*args, str(root)])
     assert bad.returncode == 1 and "10 bad samples" in bad.stdout and "train-000001.tar 00000" in bad.stdout
+
+
+def test_check_data_reads_the_test_splits_shards(small, tmp_path):
+    """DATA.TEST_SPLIT's shards are read too (issue 46, item 12): its column of counts and its bad samples."""
+    root = shutil.copytree(small, tmp_path / "with_test")
+    shutil.copytree(small / "val", root / "test")
+    with tarfile.open(root / "test" / "val-000000.tar") as tar:
+        members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(root / "test" / "val-000000.tar", "w") as tar:
+        for name, data in members:
+            data = JPEG_GARBAGE if name.startswith("0000003_") and name.endswith(".jpg") else data
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    got = run_tool("check_data.py", ["--cfg", DIGITS, "DATA.NAME", "shards", "DATA.SHARD_STREAMS", "2", "DATA.ROOT",
+                                     str(root), "DATA.TEST_SPLIT", "test"])
+    assert got.returncode == 1, got.stderr
+    assert "70 samples read" in got.stdout and "1 bad samples" in got.stdout and "test/val-000000.tar" in got.stdout
+    assert next(ln for ln in got.stdout.splitlines() if ln.startswith("class")).split() == [
+        "class", "train", "val", "test"]
