@@ -556,6 +556,23 @@ def test_the_task_runs_each_field_as_it_is(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "line 2 of" in proc.stderr and len(runs) == 1
 
 
+def test_a_task_appends_to_its_log_after_a_header(tmp_path: Path) -> None:
+    """Issue 46, item 12: a task (a requeue, a re-submission) never truncates ROOT/logs/NAME.log; each start adds a
+    header line naming when, the job and the command, so the runs are told apart."""
+    root = tmp_path / "root"
+    manifest = tmp_path / "submit.tsv"
+    manifest.write_text("\t".join(["pt", str(root), str(root / "pt"), "tools/train.py", "KEY", "a b"]) + "\n")
+    (root / "logs").mkdir(parents=True)
+    (root / "logs" / "pt.log").write_text("an earlier run's line\n")
+    for _ in range(2):
+        proc, _ = run_task(tmp_path, manifest)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = (root / "logs" / "pt.log").read_text().splitlines()
+    assert lines[0] == "an earlier run's line" and len(lines) == 3, lines
+    assert all(x.startswith("=== ") and " start pt: job 7, " in x and x.endswith(" tools/train.py KEY a\\ b")
+               for x in lines[1:]), lines
+
+
 def test_a_submitted_value_reaches_the_task_unchanged(tmp_path: Path, fake_sbatch: Path) -> None:
     """slurm.sh's manifest read back by slurm_task.sh: a point's $(...) value is one argument, never run."""
     mark = tmp_path / "injected"

@@ -31,6 +31,8 @@ if "CALL_LOG" in os.environ:  # every call, points and helpers alike
 if any(a.endswith("train.py") for a in args) or "--no-table" in args:  # a point or a worker: record, act as told
     with open(os.environ["ARGV_LOG"], "a") as f:
         f.write(json.dumps(args) + "\\n")
+    if "FAKE_SAY" in os.environ:  # a line of output, into its log when the sweep runs more than one at a time
+        print(os.environ["FAKE_SAY"], flush=True)
     if "CUDA_LOG" in os.environ:  # the GPUs it was given
         with open(os.environ["CUDA_LOG"], "a") as f:
             f.write(json.dumps(os.environ.get("CUDA_VISIBLE_DEVICES")) + "\\n")
@@ -106,6 +108,23 @@ def test_values_are_not_glob_expanded_and_stay_whole(tmp_path: Path, fake_python
     # two at a time: each point's output in its own log file, a / in the name made _ (no subfolder)
     assert sorted(p.name for p in (root / "logs").iterdir()) == [
         "lr=0.1,model.name=my model.log", "lr=0.1,model.name=resnet*.log", "lr=0.1,model.name=timm_resnet10t.log"]
+
+
+@pytest.mark.parametrize("body, names", [(GRID, ["lr=0.05,model.name=a", "lr=0.1,model.name=b"]),
+                                         (SEARCH, ["worker_0", "worker_1"])])
+def test_a_rerun_appends_to_the_logs(body: str, names: list[str], tmp_path: Path, fake_python: Path) -> None:
+    """Issue 46, item 12: a re-run of the same command (a search whose workers are refused, say) keeps the first
+    run's lines in ROOT/logs/*.log, after a header line per start naming when and what."""
+    path, log = sweep_file(tmp_path, body), tmp_path / "argv.jsonl"
+    for say in ("first run", "second run"):
+        out = run_sh(tmp_path, str(path), PYTHON=str(fake_python), ARGV_LOG=str(log), JOBS="2", FAKE_SAY=say)
+        assert out.returncode == 0, out.stdout + out.stderr
+    for name in names:
+        lines = (tmp_path / "sw" / "logs" / f"{name}.log").read_text().splitlines()
+        assert [x for x in lines if not x.startswith("=== ")] == ["first run", "second run"], lines
+        headers = [x for x in lines if x.startswith("=== ")]
+        # the command as the shell would take it back: the interpreter's path with its space quoted
+        assert len(headers) == 2 and all(f" start {name} on " in h and "/fake\\ python " in h for h in headers)
 
 
 def test_done_point_is_skipped_and_a_failed_one_listed(tmp_path: Path, fake_python: Path) -> None:

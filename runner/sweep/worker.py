@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -110,13 +111,22 @@ def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest) -> 
     """Run the trial's segment as a subprocess (output appended to ROOT/logs/trial_N.log); its exit code."""
     log = _log_path(search, trial.number)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(command(search, trial, epoch), stdout=out, stderr=subprocess.STDOUT)
+    argv = command(search, trial, epoch)
+    with open(log, "ab") as out:  # appended, never truncated: the earlier segments' lines are the trial's record
+        out.write(_log_header(trial.number, epoch, argv).encode())
+        out.flush()  # before the child writes to the same file
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         stop.child = proc
         try:
             return proc.wait()
         finally:
             stop.child = None
+
+
+def _log_header(number: int, epoch: int, argv: list[str]) -> str:
+    """The line that opens one segment's output in the trial's log: when, which segment, which worker, what."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    return f"=== {when} start trial {number} to epoch {epoch}, worker {worker_id()}: {shlex.join(argv)}\n"
 
 
 def _log_path(search: Search, number: int) -> Path:

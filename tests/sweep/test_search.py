@@ -393,6 +393,9 @@ def test_a_preempted_worker_leaves_its_trial_to_the_next(tmp_path, fake):
     fake.delenv("FAKE_EXIT")
     assert worker.run_worker(search, poll_s=0.1, log=lambda s: None) == 0
     assert calls(Path(search.root))["trial_0"][0] == "1-1"  # the next worker trained it, once
+    # the trial's log holds every segment, each after its own header (issue 46, item 12: appended, never truncated)
+    headers = [x for x in (Path(search.root) / "logs" / "trial_0.log").read_text().splitlines() if x.startswith("===")]
+    assert len(headers) == 2 and all(" start trial 0 to epoch 1, worker " in h for h in headers), headers
 
 
 def test_a_failed_trial_is_told_fail_and_shown(tmp_path, fake):

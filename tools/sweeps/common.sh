@@ -3,8 +3,9 @@
 # the search, checked in one Python process; a mistake is one line and exit 2 before anything starts), then, to run
 # points here: sweep_init SLOTS; per point `point_done I && continue; slot_wait; point_cmd I; slot_run NAME CMD...`;
 # then sweep_end TABLE_CMD.... SLOTS points run at once (SLOTS=1: one after another, output on the console; more:
-# each one's output goes to ROOT/logs/NAME.log). Ctrl-C or SIGTERM stops the sweep: running points get SIGTERM,
-# save their state and exit; re-running the same command continues where it stopped. Every expansion is quoted.
+# each one's output is appended to ROOT/logs/NAME.log after a header line, never truncated). Ctrl-C or SIGTERM stops
+# the sweep: running points get SIGTERM, save their state and exit; re-running the same command continues where it
+# stopped. Every expansion is quoted.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=${PYTHON:-python}
@@ -104,6 +105,11 @@ slot_wait() {  # set SLOT to a free slot, waiting for a running point to end whe
   done
 }
 
+log_header() {  # LOG NAME CMD...: append one line saying when and what starts, so each run's lines are told apart
+  printf '=== %s start %s on %s (sweep pid %s):%s\n' "$(date '+%Y-%m-%d %H:%M:%S %z')" "$2" "${HOSTNAME:-?}" "$$" \
+    "$(printf ' %q' "${@:3}")" >>"$1"
+}
+
 slot_run() {  # NAME CMD...: run CMD in the background in slot SLOT (nothing once the sweep is stopping)
   local name=$1
   shift
@@ -111,7 +117,8 @@ slot_run() {  # NAME CMD...: run CMD in the background in slot SLOT (nothing onc
   if ((NSLOTS > 1)); then
     mkdir -p "$ROOT/logs"
     echo "sweep: start $name in slot $SLOT (output: $ROOT/logs/$name.log)"
-    "$@" >"$ROOT/logs/$name.log" 2>&1 &
+    log_header "$ROOT/logs/$name.log" "$name" "$@"
+    "$@" >>"$ROOT/logs/$name.log" 2>&1 &  # appended: an earlier run's lines (a finished study's) are its record
   else
     echo "sweep: start $name"
     "$@" &  # in the background, so that a signal reaches the trap at once

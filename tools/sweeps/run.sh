@@ -6,7 +6,7 @@
 # JOBS points at once (default: one per GPU, CUDA_VISIBLE_DEVICES else nvidia-smi, NUM_GPUS to cap or set the count;
 # without a GPU one at a time on the CPU), each on its own GPU, a GPU taking the next point when its point ends.
 # NPROC=n: each point under torchrun with n processes (its own free rendezvous port, n GPUs of its own; default
-# JOBS: the GPUs / n). With JOBS above 1 each point's output goes to ROOT/logs/<point>.log. The table is
+# JOBS: the GPUs / n). With JOBS above 1 each point's output is appended to ROOT/logs/<point>.log. The table is
 # tools/summarize.py ROOT --sort best/val/top1. SWEEP_ROOT: the points' folders there instead of the file's root:.
 # A file with search: instead runs JOBS workers of `python -m runner.sweep search --no-table FILE` (one GPU each
 # where there are GPUs; their lines in ROOT/logs/worker_<k>.log when JOBS is above 1) until the study is done, then

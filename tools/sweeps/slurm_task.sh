@@ -65,6 +65,10 @@ fi
 mkdir -p "$root/logs"
 echo "slurm task: $name, job ${SLURM_JOB_ID:-?} (array ${SLURM_ARRAY_JOB_ID:-?}_$task, restart" \
   "${SLURM_RESTART_COUNT:-0}), $nodes node(s) x $nproc process(es), log $log"
+# the log is appended to, never truncated (a requeue or a re-submission keeps the earlier lines): one header a start
+printf '=== %s start %s: job %s, array %s_%s, restart %s, on %s:%s\n' "$(date '+%Y-%m-%d %H:%M:%S %z')" "$name" \
+  "${SLURM_JOB_ID:-?}" "${SLURM_ARRAY_JOB_ID:-?}" "$task" "${SLURM_RESTART_COUNT:-0}" "${HOSTNAME:-?}" \
+  "$(printf ' %q' "${run[@]}")" >>"$log"
 "${HELPER[@]}" start "$events" "${injected[@]}"
 
 signalled="" interrupted=0
