@@ -112,17 +112,21 @@ class MetricLogger(Hook):
         self.writer: MetricWriter | None = None
         self.throughput = [0, 0.0]  # images and seconds over every logged window, across resumes
         self.window = (0.0, 0, 0, 0.0)  # perf_counter, step, images and data wait at the window's start
+        self.saved: dict | None = None  # the window a checkpoint holds: captured for a save, or loaded
 
     def before_train(self, trainer) -> None:
-        """Say what trains, open the sinks, start a window."""
+        """Say what trains, open the sinks, continue the checkpoint's window or start one."""
         if self.banner:
             log.info(self.banner)
         self.writer = self.open_writer(trainer.step)
-        self.reset(trainer)
+        if not self._continue_window(trainer):
+            self.reset(trainer)
 
     def before_epoch(self, trainer) -> None:
-        """Each epoch starts a window (evaluation and checkpoints are not training time)."""
-        self.reset(trainer)
+        """Each epoch starts a window (evaluation and checkpoints are not training time); a run resumed inside an
+        epoch goes on with the window it saved, as the run left alone does."""
+        if trainer.batch_in_epoch == 0:
+            self.reset(trainer)
 
     def after_step(self, trainer) -> None:
         """Write the window every LOG.PERIOD steps."""
@@ -194,13 +198,40 @@ class MetricLogger(Hook):
         if self.writer is not None:
             self.writer.close()
 
+    def capture(self, trainer, group=None) -> None:
+        """Keep the window for the checkpoint being saved: its first step and every rank's loss sum, on rank 0.
+
+        A collective (Checkpointer.save, on every rank); it reads the device, as the checkpoint does anyway.
+        """
+        ranks = distributed.gather_object(trainer.stepper.loss_window(), group)
+        self.saved = {"step": trainer.step, "start": self.window[1], "ranks": ranks} if self.dist.is_main else None
+
+    def _continue_window(self, trainer) -> bool:
+        """Put the checkpoint's window back (True); False when it has none for this step (older checkpoints)."""
+        saved, self.saved = self.saved, None
+        if not saved or saved.get("step") != trainer.step:
+            return False
+        trainer.stepper.load_loss_window(rank_window(saved["ranks"], self.dist))
+        self.window = (time.perf_counter(), saved["start"], trainer.images, trainer.data_wait)
+        return True
+
     def state_dict(self) -> dict:
-        """The run's throughput so far."""
-        return {"throughput": list(self.throughput)}
+        """The run's throughput so far and the window captured for this checkpoint."""
+        return {"throughput": list(self.throughput), **({"window": self.saved} if self.saved else {})}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue the run's throughput."""
+        """Continue the run's throughput; keep the window for before_train."""
         self.throughput = list(state.get("throughput", [0, 0.0]))
+        self.saved = state.get("window")
+
+
+def rank_window(ranks: list[dict], dist: Dist) -> dict:
+    """This rank's part of a saved window: its own on as many processes as saved; on another number, rank 0 holds
+    the saved sum scaled so that the logged mean (the sum over ranks / world / steps) is the saved one's."""
+    if len(ranks) == dist.world_size:
+        return ranks[dist.rank]
+    total = sum(r["sum"] + sum(r["slots"]) for r in ranks)  # in float64: one rounding, in the float32 sum
+    return {"sum": total * dist.world_size / len(ranks) if dist.is_main else 0.0, "slots": []}
 
 
 class Checkpointer(Hook):
@@ -246,6 +277,8 @@ class Checkpointer(Hook):
         trainer.stepper.check_finite(trainer.epoch + 1)
         best = self.take_best() if self.take_best is not None else False
         rng = ckpt.capture_rng(self.dist, self.group)  # a collective: every rank's own, on rank 0
+        if self.metrics is not None:
+            self.metrics.capture(trainer, self.group)  # a collective too: every rank's metric window, on rank 0
         if self.dist.is_main:
             self.wait()  # one write in flight at most; one that failed ends the run here, with its own error
             if self.metrics is not None:

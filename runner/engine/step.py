@@ -3,7 +3,7 @@
 Every choice (precision, accumulation, clipping, DDP's no_sync, EMA) is made once by whoever builds the
 step (runner.engine.build from the config, or a test); the step only computes. It never reads a value back
 to the host: losses are summed on the device and the first non-finite step is remembered there too, both
-read by the hooks every LOG.PERIOD steps and before each checkpoint.
+read by the hooks every LOG.PERIOD steps and before each checkpoint (which also saves the window's sum).
 """
 from __future__ import annotations
 
@@ -117,12 +117,18 @@ class TrainStep:
         """Add the slots' finite losses to the window's sum and remember the first non-finite step among them."""
         if not self._filled:
             return
+        self._scan()
         part = self._losses[:self._filled]
-        bad = ~torch.isfinite(part)
-        first = self.step - self._filled + 1 + bad.int().argmax()  # argmax: the first of equal maxima
-        self.first_bad = torch.where(bad.any() & (self.first_bad < 0), first, self.first_bad)
         self._sum += torch.nan_to_num(part, nan=0.0, posinf=0.0, neginf=0.0).sum()
         self._filled = 0
+
+    def _scan(self) -> None:
+        """Remember the first non-finite step among the slots, leaving them unfolded (a scan twice finds the same)."""
+        if not self._filled:
+            return
+        bad = ~torch.isfinite(self._losses[:self._filled])
+        first = self.step - self._filled + 1 + bad.int().argmax()  # argmax: the first of equal maxima
+        self.first_bad = torch.where(bad.any() & (self.first_bad < 0), first, self.first_bad)
 
     @property
     def loss_sum(self) -> torch.Tensor:
@@ -137,13 +143,31 @@ class TrainStep:
 
     def check_finite(self, epoch: int) -> None:
         """Stop (exit 3) if any rank saw a non-finite loss since the start; one host read (`epoch`: 1-based)."""
-        self._fold()
+        # scanned, not folded: folding where a checkpoint happens to be saved would change the order of the
+        # window's float sums, and a resumed run's logged loss in its last bit
+        self._scan()
         bad = torch.where(self.first_bad >= 0, 2**40 - self.first_bad, torch.zeros_like(self.first_bad))
         distributed.all_reduce_(bad, "max")
         b = int(bad.item())
         if b:
             raise NonFiniteLoss(f"the loss became non-finite at step {2**40 - b} (epoch {epoch}); "
                                 "nothing from that step on was saved; lower TRAIN.LR or enable TRAIN.CLIP_GRAD")
+
+    def loss_window(self) -> dict:
+        """The window's loss as host numbers: its sum and the steps' losses not yet added to it (a read of the
+        device: for a checkpoint only, which syncs anyway)."""
+        return {"sum": float(self._sum), "slots": self._losses[:self._filled].tolist()}
+
+    def load_loss_window(self, window: dict) -> None:
+        """Continue a window saved by loss_window: the same sum and unfolded losses, so the same float sums follow."""
+        slots = window.get("slots", [])
+        if len(slots) >= LOSS_SLOTS:  # another LOSS_SLOTS wrote it: fold what does not fit
+            window = {"sum": window["sum"] + sum(slots), "slots": []}
+            slots = []
+        self._sum.fill_(window["sum"])
+        if slots:
+            self._losses[:len(slots)].copy_(torch.tensor(slots, dtype=self._losses.dtype))
+        self._filled = len(slots)
 
     def state_dict(self) -> dict:
         """The step's part of a checkpoint: weights, EMA, optimizer, schedule and scaler (not the step count)."""
