@@ -52,7 +52,6 @@ from runner.rundir.marker import is_our_run
 from runner.rundir.rules import done_line
 from runner.sinks import MetricWriter, check_sinks, run_hparams, setup_logging
 from runner.weights import hub
-from runner.weights.hub import Pretrained
 from runner.weights.preprocess import resolve as resolve_preprocessing
 from runner.weights.preprocess import stored_values
 
@@ -275,9 +274,8 @@ def build_trainer(cfg, hparam_keys: list[str] | None = None, *, hooks: list[Hook
         dist = distributed.setup(cfg)
         closers.append(distributed.teardown)
     try:
-        cfg, pretrained = prepare_weights(cfg, dist, claims=hooks is None)
         if hooks is None:
-            trainer = _build_run(cfg, dist, hparam_keys, t_start, pause_after_epoch, pretrained)
+            trainer = _build_run(cfg, dist, hparam_keys, t_start, pause_after_epoch)
         else:
             trainer = _build_with(cfg, dist, hooks, t_start)
     except AlreadyDone:
@@ -307,6 +305,7 @@ def prepare_weights(cfg, dist: Dist, claims: bool = True) -> tuple:
 def _build_with(cfg, dist: Dist, hooks: list[Hook], t_start: float) -> Trainer:
     """The loop with the given hooks, writing nothing (the console only)."""
     setup_logging(None, dist.rank)
+    cfg, _ = prepare_weights(cfg, dist, claims=False)
     configure_backends(cfg, dist.device)
     set_seeds(cfg.SEED)
     trainer = build_loop(cfg, dist, t_start)
@@ -314,15 +313,16 @@ def _build_with(cfg, dist: Dist, hooks: list[Hook], t_start: float) -> Trainer:
     return trainer
 
 
-def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float, pause_after_epoch: int = 0,
-               pretrained: Pretrained | None = None) -> Trainer:
+def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float, pause_after_epoch: int = 0) -> Trainer:
     """A run: claim OUTPUT_DIR, build, resume, write the run's files; a setup failure is recorded."""
     out = Path(cfg.OUTPUT_DIR)
     control = distributed.control_group()  # one CPU group for verdicts and stop flags, made once
     lock = RunLock(str(out))
     status = RunStatus(out, dist, t_start, epochs=cfg.TRAIN.EPOCHS, max_steps=cfg.TRAIN.MAX_STEPS,
-                       hparams=run_hparams(cfg, list(hparam_keys or [])), pretrained=pretrained)
+                       hparams=run_hparams(cfg, list(hparam_keys or [])))
     setup_logging(None, dist.rank)  # the console only, until the folder is known to be ours
+    cfg, pretrained = prepare_weights(cfg, dist)  # before the claim: weights missing offline make no folder
+    status.pretrained = pretrained
     check_sinks(cfg, dist, control)  # a tracker's store that cannot be opened is refused before the claim
     done, found, attempt = claim_output_dir(cfg, dist, control, lock, status)
     if done is not None:

@@ -101,10 +101,26 @@ def check_settings(search: Search, study: optuna.Study) -> None:
     """Refuse a study made with another metric, mode, space, rungs or shared config: the first difference."""
     was, now = study.user_attrs.get(SETTINGS) or {}, search.settings()
     for key in sorted(set(was) | set(now)):
-        if was.get(key) != now.get(key):
+        if not same_setting(key, was.get(key), now.get(key), now.get("config MODEL.PRETRAINED") == "true"):
             raise UserError(f"sweep {search.sweep.path}: search: the study in {journal_path(search)} was made with "
                             f"{key}: {was.get(key, '(none)')}, now {now.get(key, '(none)')}; change it back, or give "
                             "root: another folder for a new study")
+
+
+def same_setting(key: str, was: str | None, now: str | None, pretrained: bool = False) -> bool:
+    """Whether a stored study setting and today's agree: equal, or a config key the runner added since the study
+    began (absent then, its default now), or a key whose default became "auto" (its old default then, auto now,
+    which a run without pretrained weights resolves to that same value)."""
+    from runner.config.schema import AUTO, AUTO_KEYS, inline_yaml, lookup
+
+    if was == now:
+        return True
+    if not key.startswith("config ") or now is None:
+        return False
+    name = key[len("config "):]
+    if was is None:
+        return now == inline_yaml(lookup(name))
+    return not pretrained and name in AUTO_KEYS and now == AUTO and was == inline_yaml(AUTO_KEYS[name])
 
 
 def trial_handle(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> optuna.Trial:

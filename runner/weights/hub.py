@@ -267,7 +267,7 @@ def missing_line(where: Location, filename: str, local_only: bool) -> str:
                                                         f"{_endpoint()} cannot be reached")
     return (f"MODEL.PRETRAINED true: the weights of {where.name} ({where.repo} {filename}) are not in the "
             f"Hugging Face cache {hub_cache()} and {why}; on a machine with internet (a login node, with the same "
-            f"HF_HOME) run: {FETCH_HINT} {where.name}")
+            f"HF_HOME) run: {FETCH_HINT} {where.name}, or set MODEL.CHECKPOINT to a weights file")
 
 
 def _config_filename(config_path: Path) -> str | None:

@@ -43,8 +43,12 @@ def test_summary_reads_configs_with_the_one_flatten():
     import runner.sweep.summary
 
     assert runner.sweep.summary.flatten is flatten  # tools/predict.py's use: tests/test_predict.py (split_images)
+    from runner.config.schema import AUTO_KEYS, is_auto
+
+    # an "auto" key as a run without pretrained weights stores it (config.yaml holds resolved values)
+    expected = {k: AUTO_KEYS[k] if is_auto(k, v) else v for k, v in flatten(get_default_config()).items()}
     assert runner.sweep.summary.default_values() == {k: list(v) if isinstance(v, tuple) else v
-                                               for k, v in flatten(get_default_config()).items()}
+                                               for k, v in expected.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------

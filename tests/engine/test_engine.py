@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 
 import pytest
 import torch
@@ -134,11 +135,21 @@ def test_nan_loss_exits_3_and_saves_nothing_nonfinite(tmp_path):
     assert json.loads((tmp_path / "run.json").read_text())["status"] == "nonfinite"
 
 
-def test_pretrained_not_on_disk_is_exit_2(tmp_path):
-    r = run_tool("train.py", ["--cfg", DIGITS, "MODEL.PRETRAINED", "true", "OUTPUT_DIR", str(tmp_path)],
-                 env=dict(run_tool.__globals__["env"](), HF_HOME=str(tmp_path / "hf")))
-    assert r.returncode == 2 and "MODEL.CHECKPOINT" in r.stderr
+@pytest.mark.slow  # the Hub client retries a refused connection 5 times (1 + 2 + 4 + 8 + 8 s) before it gives up
+def test_pretrained_not_on_disk_and_no_hub_is_exit_2(tmp_path):
+    """No weights in the cache and a Hub that refuses connections (a closed port on 127.0.0.1): one line naming the
+    cache and the way out, before anything is written. (tests/weights/test_hub.py: a working stand-in Hub.)"""
+    with socket.socket() as s:  # a port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    out = tmp_path / "run"
+    r = run_tool("train.py", ["--cfg", DIGITS, "MODEL.PRETRAINED", "true", "OUTPUT_DIR", str(out)],
+                 env=dict(run_tool.__globals__["env"](), HF_HOME=str(tmp_path / "hf"),
+                          HF_ENDPOINT=f"http://127.0.0.1:{closed}"))
+    assert r.returncode == 2 and "MODEL.CHECKPOINT" in r.stderr and "cannot be reached" in r.stderr
+    assert f"{tmp_path / 'hf' / 'hub'}" in r.stderr and "python tools/fetch_weights.py test_resnet" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not out.exists()
 
 
 def test_unknown_model_is_exit_2(tmp_path):

@@ -460,3 +460,17 @@ def test_search_end_to_end_on_digits(tmp_path):
     assert got["model"].keys() == want["model"].keys()
     assert all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"])
     assert_same(got["optimizer"], want["optimizer"], "optimizer")
+
+
+def test_a_study_continues_across_config_keys_added_or_made_auto_since():
+    """A study stored before the runner gained a key (absent then, its default now) or before a key's default
+    became "auto" (its old default then) continues; any other difference, or auto with pretrained weights, does not."""
+    from runner.sweep.study import same_setting
+
+    assert same_setting("config DATA.SET", None, "''")  # added since, at its default
+    assert not same_setting("config DATA.SET", None, "cifar10")
+    assert same_setting("config DATA.MEAN", "[0.485, 0.456, 0.406]", "auto")
+    assert not same_setting("config DATA.MEAN", "[0.485, 0.456, 0.406]", "auto", pretrained=True)
+    assert not same_setting("config DATA.MEAN", "[0.5, 0.5, 0.5]", "auto")
+    assert not same_setting("config TRAIN.LR", "0.1", "0.2") and not same_setting("metric", "val/top1", "val/loss")
+    assert not same_setting("config TRAIN.LR", "0.1", None)
