@@ -8,9 +8,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-from torch.utils.data import get_worker_info
-
 from runner.data.hf_stream import ParquetSplit, open_file
 from runner.data.shards.stream import Decoder, Patience, ShardLoader, StreamReader, TrainParts, ValParts
 from runner.errors import UserError
@@ -106,35 +103,15 @@ class RowStream(StreamReader):
 class TrainRows(TrainParts):
     """Each worker's part of every micro-batch of this rank, read from its streams' parquet rows."""
 
-    def _sample(self, readers: dict, plan: Any, p: int) -> Any:
-        """As TrainParts, with a parquet stream reader."""
-        k = plan.where(p)[0]
-        if k not in readers:
-            readers[k] = RowStream(plan, k, self.shards, self.patience)
-        return super()._sample(readers, plan, p)
+    reader = RowStream
 
 
 class ValRows(ValParts):
     """Batches of this rank's val files (r, r + world, ...), each worker reading its own of them."""
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(images, targets) batches of this worker's files."""
-        info = get_worker_info()
-        w, nw = (info.id, info.num_workers) if info else (0, 1)
-        images, targets = [], []
-        for s in self.mine(w, nw):
-            for sample in read_rows(self.shards, s, 0, self.shards.counts[s], self.patience):
-                image = self.decoder.image(sample)
-                if image is None:
-                    continue
-                images.append(image)
-                targets.append(self.decoder.target(sample))
-                if len(images) == self.batch_size:
-                    yield torch.stack(images), torch.tensor(targets)
-                    images, targets = [], []
-        if images:
-            yield torch.stack(images), torch.tensor(targets)
-
+    def read(self, s: int) -> Iterator[dict]:
+        """Every row of file s."""
+        return read_rows(self.shards, s, 0, self.shards.counts[s], self.patience)
 
 
 # ---------------------------------------------------------------------------------------------------------

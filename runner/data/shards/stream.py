@@ -257,6 +257,8 @@ def _keep(part: Any) -> Any:
 class TrainParts(IterableDataset):
     """Each worker's part of every micro-batch of this rank, from the position set by set_epoch."""
 
+    reader: type[StreamReader] = StreamReader  # what reads a stream's blocks (a parquet reader for hf streaming)
+
     def __init__(self, shards: ShardSplit, decoder: Decoder, dist: Dist, *, seed: int, batch_size: int,
                  accum: int, streams: int, window: int, patience: Patience):
         self.shards, self.decoder, self.dist, self.seed = shards, decoder, dist, seed
@@ -299,7 +301,7 @@ class TrainParts(IterableDataset):
         image gives the block's next one (deterministic)."""
         k, b, o = plan.where(p)
         if k not in readers:
-            readers[k] = StreamReader(plan, k, self.shards, self.patience)
+            readers[k] = self.reader(plan, k, self.shards, self.patience)
         samples, order = readers[k].block(b)
         for step in range(len(order)):
             sample = samples[order[(o + step) % len(order)]]
@@ -324,14 +326,17 @@ class ValParts(IterableDataset):
         """The shards worker w of nw reads on this rank."""
         return list(range(self.dist.rank, len(self.shards.urls), self.dist.world_size))[w::nw]
 
+    def read(self, s: int) -> Iterator[dict]:
+        """Every sample of shard s."""
+        return read_shard(self.shards.urls[s], 0, self.shards.counts[s], self.patience, self.shards.counts[s])
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(images, targets) batches of this worker's shards."""
         info = get_worker_info()
         w, nw = (info.id, info.num_workers) if info else (0, 1)
         images, targets = [], []
         for s in self.mine(w, nw):
-            for sample in read_shard(self.shards.urls[s], 0, self.shards.counts[s], self.patience,
-                                     self.shards.counts[s]):
+            for sample in self.read(s):
                 image = self.decoder.image(sample)
                 if image is None:
                     continue
