@@ -125,6 +125,14 @@ def read_split_shards(cfg, split: str, n_classes: int, counts: dict, bad: list, 
     return n
 
 
+def print_index_counts(classes: list[str], counts: dict[str, dict[int, int]], cell: int) -> None:
+    """A table: one row per class, the samples of each split (counts by class index), columns `cell` wide."""
+    width = max([len(c) for c in classes] + [5])
+    print(f"{'class':<{width}}  " + "  ".join(f"{s:>{cell}}" for s in counts))
+    for i, c in enumerate(classes):
+        print(f"{c:<{width}}  " + "  ".join(f"{counts[s].get(i, 0):>{cell}}" for s in counts))
+
+
 def check_shards(cfg) -> int:
     """DATA.NAME shards: every sample of every shard read and decoded; the same report and exit codes."""
     from runner.data.shards import read_classes
@@ -137,10 +145,7 @@ def check_shards(cfg) -> int:
     problems: list = []
     n = sum(read_split_shards(cfg, s, len(classes), counts, bad, problems) for s in splits)
     print(f"DATA.ROOT {cfg.DATA.ROOT}: {len(classes)} classes, {n} samples read in {time.perf_counter() - t0:.1f}s\n")
-    width = max([len(c) for c in classes] + [5])
-    print(f"{'class':<{width}}  " + "  ".join(f"{s:>8}" for s in splits))
-    for i, c in enumerate(classes):
-        print(f"{c:<{width}}  " + "  ".join(f"{counts[s].get(i, 0):>8}" for s in splits))
+    print_index_counts(classes, counts, 8)
     if bad:
         print(f"\n{len(bad)} bad samples:")
         for where, reason in bad:
@@ -167,21 +172,18 @@ def check_rows(cfg) -> int:
     plain.defrost()
     plain.DATA.NUM_WORKERS = 0  # the datasets are read here, in this process
     plain.freeze()
-    src = source(cfg.DATA.NAME)
-    bundle = src.build(plain, Dist(0, 1, 0, torch.device("cpu")))
+    src, alone = source(cfg.DATA.NAME), Dist(0, 1, 0, torch.device("cpu"))
+    bundle = src.build(plain, alone)
     splits = {"train": bundle.train, "val": bundle.val}
     if cfg.DATA.TEST_SPLIT:
-        splits[cfg.DATA.TEST_SPLIT] = src.build_split(plain, Dist(0, 1, 0, torch.device("cpu")), cfg.DATA.TEST_SPLIT)
+        splits[cfg.DATA.TEST_SPLIT] = src.build_split(plain, alone, cfg.DATA.TEST_SPLIT)
     names, bad = bundle.class_names, []
     t0 = time.perf_counter()
-    counts = {split: _decode_all(loader.loader.dataset, names, bad) for split, loader in splits.items()}
+    counts = {split: _decode_all(loader.loader.dataset, bad) for split, loader in splits.items()}
     total = sum(sum(c.values()) for c in counts.values())
     print(f"DATA.NAME {cfg.DATA.NAME} {cfg.DATA.ROOT}: {len(names)} classes, {total} images checked in "
           f"{time.perf_counter() - t0:.1f}s\n")
-    width = max([len(c) for c in names] + [5])
-    print(f"{'class':<{width}}  " + "  ".join(f"{s:>10}" for s in counts))
-    for i, name in enumerate(names):
-        print(f"{name:<{width}}  " + "  ".join(f"{counts[s].get(i, 0):>10}" for s in counts))
+    print_index_counts(names, counts, 10)
     if bad:
         print(f"\n{len(bad)} bad images:")
         for what, reason in bad:
@@ -191,7 +193,7 @@ def check_rows(cfg) -> int:
     return 0
 
 
-def _decode_all(dataset, names: list[str], bad: list) -> dict[int, int]:
+def _decode_all(dataset, bad: list) -> dict[int, int]:
     """Open and decode every sample of a dataset (FolderDataset over rows); the readable ones per class index."""
     counts: dict[int, int] = {}
     for row, label in dataset.samples:
