@@ -63,18 +63,12 @@ def _log_eval_size(cfg: Any) -> None:
     """Say when evaluation runs at another size or crop than training, and when a crop has no effect."""
     if cfg.EVAL.IMG_SIZE and cfg.EVAL.IMG_SIZE != cfg.DATA.IMG_SIZE:
         log.info("evaluating at %d px (EVAL.IMG_SIZE), training at %d px", cfg.EVAL.IMG_SIZE, cfg.DATA.IMG_SIZE)
-    if cfg.EVAL.CROP_PCT and not source(cfg.DATA.NAME).files and not _weights_crop(cfg):
+    from runner.weights.preprocess import is_weights_value
+
+    # the weights' own crop (what auto gave) is no choice to warn about
+    if cfg.EVAL.CROP_PCT and not source(cfg.DATA.NAME).files and not is_weights_value(cfg, "EVAL.CROP_PCT"):
         log.warning("DATA.NAME %s ignores EVAL.CROP_PCT: in-memory images are resized whole, never cropped",
                     cfg.DATA.NAME)
-
-
-def _weights_crop(cfg: Any) -> bool:
-    """True when EVAL.CROP_PCT is the pretrained weights' own (what auto gave): not a choice to warn about."""
-    if not cfg.MODEL.PRETRAINED:
-        return False
-    from runner.weights.preprocess import weights_values
-
-    return abs(weights_values(cfg)["EVAL.CROP_PCT"] - cfg.EVAL.CROP_PCT) < 5e-5
 
 
 def warn_ignored_shift(cfg: Any) -> None:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,13 @@ class _Absent(Exception):
 
 def _hub_file(where: Location, filename: str, local_only: bool, last: bool = True, label: str = "") -> Path:
     """One file of the repo in the cache, with retries of a broken transfer; one-line UserErrors otherwise."""
+    return _retried(partial(_download, where, filename, local_only or is_offline(), last, label),
+                    f"MODEL.NAME {where.name}: downloading {where.repo} {filename} from {_endpoint()}",
+                    f"run the command again, or fetch the weights elsewhere: {FETCH_HINT} {where.name}")
+
+
+def _download(where: Location, filename: str, local_only: bool, last: bool, label: str) -> Path:
+    """hf_hub_download of one file, the Hub's answers that no retry changes as one-line UserErrors."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -203,37 +211,40 @@ def _hub_file(where: Location, filename: str, local_only: bool, last: bool = Tru
         RevisionNotFoundError,
     )
 
-    local_only = local_only or is_offline()
+    try:
+        return Path(hf_hub_download(where.repo, filename, revision=where.revision, local_files_only=local_only,
+                                    library_name="timm"))
+    except GatedRepoError:
+        raise UserError(f"MODEL.NAME {where.name}: the Hub repo {where.repo} is gated: accept its terms on "
+                        "the Hub and set HF_TOKEN (or run `hf auth login`)") from None
+    except RepositoryNotFoundError:
+        raise UserError(f"MODEL.NAME {where.name}: the Hub has no repo {where.repo} at "
+                        f"{_endpoint()} (or it is private: set HF_TOKEN)") from None
+    except RevisionNotFoundError:
+        raise UserError(f"MODEL.NAME {where.name}: the Hub repo {where.repo} has no revision "
+                        f"{where.revision!r}") from None
+    except LocalEntryNotFoundError:
+        if not last and local_only:  # offline: the next file may be the one an earlier download kept
+            raise _Absent() from None
+        raise UserError(missing_line(where, label or filename, local_only)) from None
+    except EntryNotFoundError:
+        if not last:
+            raise _Absent() from None
+        raise UserError(f"MODEL.NAME {where.name}: the Hub repo {where.repo} has no file {filename}") from None
+
+
+def _retried(call: Callable[[], Path], what: str, hint: str) -> Path:
+    """call() again while it fails in transit (a broken transfer the client gave up resuming), waiting longer
+    each time; after RETRIES tries one line: `what` failed, why, and `hint`."""
     for attempt in range(1, RETRIES + 1):
         try:
-            return Path(hf_hub_download(where.repo, filename, revision=where.revision, local_files_only=local_only,
-                                        library_name="timm"))
-        except GatedRepoError:
-            raise UserError(f"MODEL.NAME {where.name}: the Hub repo {where.repo} is gated: accept its terms on "
-                            "the Hub and set HF_TOKEN (or run `hf auth login`)") from None
-        except RepositoryNotFoundError:
-            raise UserError(f"MODEL.NAME {where.name}: the Hub has no repo {where.repo} at "
-                            f"{_endpoint()} (or it is private: set HF_TOKEN)") from None
-        except RevisionNotFoundError:
-            raise UserError(f"MODEL.NAME {where.name}: the Hub repo {where.repo} has no revision "
-                            f"{where.revision!r}") from None
-        except LocalEntryNotFoundError:
-            if not last and local_only:  # offline: the next file may be the one an earlier download kept
-                raise _Absent() from None
-            raise UserError(missing_line(where, label or filename, local_only)) from None
-        except EntryNotFoundError:
-            if not last:
-                raise _Absent() from None
-            raise UserError(f"MODEL.NAME {where.name}: the Hub repo {where.repo} has no file {filename}") from None
+            return call()
         except Exception as e:
             if not _is_network_error(e):
                 raise
-            if attempt == RETRIES:  # a broken transfer the client gave up resuming, RETRIES times
-                raise UserError(f"MODEL.NAME {where.name}: downloading {where.repo} {filename} from "
-                                f"{_endpoint()} failed {RETRIES} times ({_reason(e)}); run the command again, "
-                                f"or fetch the weights elsewhere: {FETCH_HINT} {where.name}") from None
-            log.warning("downloading %s %s: %s; trying again (%d of %d)", where.repo, filename, _reason(e),
-                        attempt + 1, RETRIES)
+            if attempt == RETRIES:
+                raise UserError(f"{what} failed {RETRIES} times ({_reason(e)}); {hint}") from None
+            log.warning("%s: %s; trying again (%d of %d)", what, _reason(e), attempt + 1, RETRIES)
             time.sleep(BACKOFF_S * 2 ** (attempt - 1))
     raise AssertionError("unreachable")
 
@@ -288,16 +299,10 @@ def _fetch_url(where: Location, local_only: bool) -> Pretrained:
     if not cached.is_file() and (local_only or is_offline()):
         raise UserError(f"MODEL.PRETRAINED true: the weights of {where.name} ({where.url}) are not in timm's cache "
                         f"{cached.parent}; on a machine with internet run: {FETCH_HINT} {where.name}")
-    for attempt in range(1, RETRIES + 1):
-        try:
-            return _describe(where.name, where.url, Path(download_cached_file(where.url)), revision="")
-        except OSError as e:  # urllib's errors; torch hub writes a temporary file and renames it when whole
-            if attempt == RETRIES:
-                raise UserError(f"MODEL.NAME {where.name}: downloading {where.url} failed {RETRIES} times "
-                                f"({_reason(e)}); run the command again") from None
-            log.warning("downloading %s: %s; trying again", where.url, _reason(e))
-            time.sleep(BACKOFF_S * 2 ** (attempt - 1))
-    raise AssertionError("unreachable")
+    # torch hub writes a temporary file and renames it when whole; urllib's errors are OSErrors
+    path = _retried(lambda: Path(download_cached_file(where.url)), f"MODEL.NAME {where.name}: downloading "
+                    f"{where.url}", "run the command again")
+    return _describe(where.name, where.url, path, revision="")
 
 
 def _describe(name: str, repo: str, path: Path, revision: str | None = None) -> Pretrained:

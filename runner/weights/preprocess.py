@@ -77,6 +77,11 @@ def pretrained_cfg(name: str) -> dict[str, Any]:
     return found.to_dict() if found is not None else {}
 
 
+def is_weights_value(cfg: CN, key: str) -> bool:
+    """True when `key` holds the pretrained weights' own value (what auto gives with MODEL.PRETRAINED)."""
+    return bool(cfg.MODEL.PRETRAINED) and _same(get_value(cfg, key), weights_values(cfg)[key])
+
+
 def _warn_differences(cfg: CN, weights: dict[str, Any]) -> None:
     """One warning naming each explicit value that differs from the weights' (they train worse, silently)."""
     differ = [f"{k} {inline_yaml(get_value(cfg, k))} (the weights': {inline_yaml(weights[k])})" for k in AUTO_KEYS
