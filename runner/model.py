@@ -193,7 +193,7 @@ def load_weights(model: nn.Module, path: str, allow_new_head: bool = False,
     `keys`: the config keys of the file and of the model, as the errors name them.
     """
     where = f"{keys[0]} {path}"
-    sd, meta = _state_dict_of(read_weights_file(path, where), where)
+    sd, meta = state_dict_of(read_weights_file(path, where), where)
     own = model.state_dict()
     wrong = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
     missing = [k for k in own if k not in sd and not k.endswith("num_batches_tracked")]  # BN tolerates those
@@ -288,7 +288,7 @@ def _read_safetensors(p: Path, where: str) -> dict:
                         f"{str(e).splitlines()[0][:120] if str(e) else ''})") from None
 
 
-def _state_dict_of(obj: dict, where: str) -> tuple[dict, dict]:
+def state_dict_of(obj: dict, where: str) -> tuple[dict, dict]:
     """(the tensors, every other field) of a checkpoint dict; the wrappers' key prefixes removed."""
     key = next((k for k in STATE_KEYS if k in obj), None)
     sd = obj[key] if key is not None else obj

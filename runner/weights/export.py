@@ -116,16 +116,17 @@ def find_checkpoint(path: str) -> Path:
 def load_source(path: str, use_ema: bool = True) -> Source:
     """The checkpoint of `path`, its run's config and the weights to export (its EMA when it has one and
     `use_ema`)."""
-    from runner.model import read_weights_file
+    from runner.model import read_weights_file, state_dict_of
 
     ckpt = find_checkpoint(path)
     obj = read_weights_file(str(ckpt), f"checkpoint {ckpt}")
     cfg = _export_config(_config_text(obj, ckpt), ckpt)
     ema = obj.get("ema") if use_ema else None
-    weights = ema if isinstance(ema, dict) and ema else obj.get("model", obj)
+    weights = ema if isinstance(ema, dict) and ema else obj  # a checkpoint's "model" entry, or a plain state_dict
     names = [str(n) for n in obj.get("class_names") or []]
     step = obj.get("step") if isinstance(obj.get("step"), int) else None
-    return Source(ckpt, cfg, _tensors(weights, ckpt), "EMA" if weights is ema else "raw", step, names)
+    tensors = state_dict_of(weights, f"checkpoint {ckpt}")[0]
+    return Source(ckpt, cfg, tensors, "EMA" if weights is ema else "raw", step, names)
 
 
 def _config_text(obj: dict, ckpt: Path) -> str:
@@ -145,35 +146,14 @@ def _config_text(obj: dict, ckpt: Path) -> str:
 def _export_config(text: str, ckpt: Path):
     """The run's config for building the bare model and the val loader on the CPU (weights come from `ckpt`)."""
     from runner.config import config_from_yaml_text
+    from runner.weights.preprocess import resolve
 
-    cfg = _resolved(config_from_yaml_text(text, f"the config of {ckpt}")).clone()
+    # a config that stored "auto" (none written by tools/train.py does) takes the values training would resolve
+    cfg = resolve(config_from_yaml_text(text, f"the config of {ckpt}")).clone()
     cfg.defrost()
     cfg.MODEL.CHECKPOINT, cfg.MODEL.PRETRAINED, cfg.MODEL.COMPILE, cfg.DEVICE = "", False, False, "cpu"
     cfg.freeze()
     return cfg
-
-
-def _resolved(cfg):
-    """`cfg` with its "auto" preprocessing keys (DATA.MEAN, ...) given the values the run took, where it stored
-    "auto" itself: resolved by the weights' pretrained_cfg as training resolves them (runner.weights.preprocess)."""
-    keys = (cfg.DATA.MEAN, cfg.DATA.STD, cfg.AUG.INTERPOLATION, cfg.EVAL.CROP_PCT)
-    if not any(isinstance(v, str) and v == "auto" for v in keys):
-        return cfg
-    from runner.weights.preprocess import resolve
-
-    return resolve(cfg)
-
-
-def _tensors(weights: object, ckpt: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a state_dict, without DDP's, torch.compile's or ModelEmaV3's prefixes."""
-    from timm.models import clean_state_dict
-
-    if not isinstance(weights, dict):
-        raise UserError(f"checkpoint {ckpt}: its weights are a {type(weights).__name__}, not a state_dict")
-    sd = {k: v for k, v in clean_state_dict(weights).items() if isinstance(v, torch.Tensor)}
-    if not sd:
-        raise UserError(f"checkpoint {ckpt} holds no tensors: not model weights")
-    return sd
 
 
 def build_model(source: Source) -> nn.Module:

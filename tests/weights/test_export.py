@@ -20,6 +20,7 @@ from runner.checkpoint import load_file as load_checkpoint
 from runner.config import config_from_yaml_text
 from runner.data.folder.dataset import timm_transform
 from runner.weights import export as lib
+from runner.weights.preprocess import resolve
 from tests.utils import env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,7 +217,7 @@ EVAL: {CROP_PCT: 0.9}
 def test_config_json_gives_timm_the_runs_eval_transform(tmp_path):
     """An image-folder run's eval preprocessing (size, crop, interpolation, mean, std) is what timm builds from the
     exported config.json (resolve_data_config + create_transform)."""
-    cfg = lib._resolved(config_from_yaml_text(FOLDER_RUN))
+    cfg = resolve(config_from_yaml_text(FOLDER_RUN))
     lib.write_hf(timm.create_model("test_resnet", num_classes=3), tmp_path, cfg, ["a", "b", "c"])
     loaded = timm.create_model(f"local-dir:{tmp_path}", pretrained=True)
     settings = resolve_data_config(model=loaded)
