@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runner.threads import MARKER
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "tools" / "train.py")
 
@@ -40,8 +42,11 @@ if __name__ == "__main__":
 
 
 def env(**extra: str) -> dict:
-    """The test environment: few threads so two processes share two cores, no terminal progress bar."""
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    """The test environment: one thread per process, pinned (so two runs a test compares use the same count on a
+    loaded machine too), no terminal progress bar."""
+    # the empty marker makes OMP_NUM_THREADS=1 the user's: if this process chose 1 thread itself, the marker it
+    # inherited would say 1 is the runner's own choice, and each child would choose again from the load it sees
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **{MARKER: ""})
     e.update(extra)
     return e
 

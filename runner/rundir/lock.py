@@ -84,9 +84,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_in_child)
 
 
+IN_USE = "is in use by a running job"  # the refusal's words, which launchers read in a job's output
+
+
 def in_use(out: Path, holder: str) -> UserError:
     """The error for a folder another job is writing."""
-    return UserError(f"{out} is in use by a running job ({holder or 'another process'}); "
+    return UserError(f"{out} {IN_USE} ({holder or 'another process'}); "
                      "wait for it or choose another OUTPUT_DIR")
 
 

@@ -4,8 +4,12 @@ done. No controller process: the journal (ROOT/study.journal) and the trial fold
 A job is marked taken in the journal (the trial's user attr `job`: rung epoch, worker host:pid, time) while the
 decision's lock is held, so two workers never take the same job. A worker stopped by a signal lets its trial save
 (tools/train.py exits 75), releases the job (worker None) and exits 75: the next worker resumes the trial from its
-checkpoint, exactly. A worker that died without releasing (SIGKILL, a lost node) is found out by its pid (same
-host) or by its trial folder's lock and file times (another host); its job is then resumed the same way.
+checkpoint, exactly. A worker that died without releasing (SIGKILL, a lost node) is found out by its pid and that
+process's start time (same host) or by its trial folder's lock and file times (another host); its job is then
+resumed the same way. Its trial's process gets SIGTERM when the worker dies (it saves and exits 75), and the next
+worker waits for it to let go of the folder. A segment killed by a signal no stop sent is resumed too (MAX_KILLS
+times in a row). The study is never closed: a trial left waiting at a rung stays RUNNING (Optuna's state), so
+raising `trials` may still promote it.
 """
 from __future__ import annotations
 
@@ -25,9 +29,10 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from runner.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED
+from runner.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER
 from runner.rundir import reader
-from runner.rundir.layout import LOG
+from runner.rundir.layout import LOCK as RUN_LOCK
+from runner.rundir.lock import IN_USE, is_locked
 from runner.sweep import asha
 from runner.sweep.search import Search
 from runner.sweep.study import distributions, make_sampler, open_study, trial_handle
@@ -37,6 +42,12 @@ POLL_S = 5.0  # how often a worker with nothing to do looks again while other wo
 TAKE_GRACE_S = 300.0  # another host's job counts as alive this long after it was taken (start-up writes nothing)
 TRAIN_PY = Path(__file__).resolve().parents[2] / "tools" / "train.py"
 STOP_CODES = (EXIT_PREEMPTED, EXIT_INTERRUPTED)  # the trial saved (or was stopped): it resumes, the worker stops
+HEADER = "=== "  # how each segment's header line in ROOT/logs/trial_N.log begins
+BUSY_POLL_S = 0.2  # how often a worker waiting for a trial's folder (held by a killed worker's trial) looks again
+# a segment killed by a signal no stop sent (the OOM killer, kill -9) is resumed this many times in a row, then FAIL
+MAX_KILLS = 3
+KILLS = "kills"  # trial user attr: its segments killed by a signal since its last rung value
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 @contextlib.contextmanager
@@ -65,9 +76,21 @@ def live(search: Search, trial: FrozenTrial, now: float | None = None) -> bool:
     if not pid.isdigit():
         return False  # released by a stopped worker
     if host == socket.gethostname():
-        return _pid_alive(int(pid))
+        # the pid alone could be another process's by now (pids are reused): its start time must match too
+        started = job.get("started")
+        return _pid_alive(int(pid)) and (started is None or process_start(int(pid)) in (None, started))
     now = time.time() if now is None else now
     return now - float(job.get("since", 0)) < TAKE_GRACE_S or reader.state(search.trial_dir(trial.number)) == "running"
+
+
+def process_start(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat); None where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return int(fields[19])  # starttime, field 22 of proc(5), counted after the command's closing parenthesis
 
 
 def _pid_alive(pid: int) -> bool:
@@ -92,7 +115,8 @@ def take(search: Search, study: optuna.Study) -> tuple[asha.Job | None, bool]:
         if job.number is None:
             study.sampler = make_sampler(search, len(trials))
             job = asha.Job(study.ask(distributions(search)).number, job.epoch, job.why)
-        mark(study, job.number, {"epoch": job.epoch, "worker": worker_id(), "since": time.time()})
+        mark(study, job.number, {"epoch": job.epoch, "worker": worker_id(), "started": process_start(os.getpid()),
+                                 "since": time.time()})
         return job, True
 
 
@@ -107,15 +131,17 @@ def command(search: Search, trial: FrozenTrial, epoch: int) -> list[str]:
     return argv if epoch >= search.rungs[-1] else [*argv, "--pause-after-epoch", str(epoch)]
 
 
-def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest) -> int:
+def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest, log=print) -> int:
     """Run the trial's segment as a subprocess (output appended to ROOT/logs/trial_N.log); its exit code."""
-    log = _log_path(search, trial.number)
-    log.parent.mkdir(parents=True, exist_ok=True)
+    if not wait_free(search, trial.number, stop, log):
+        return EXIT_PREEMPTED  # stopped while waiting: the job is released as a stop's
+    path = _log_path(search, trial.number)
+    path.parent.mkdir(parents=True, exist_ok=True)
     argv = command(search, trial, epoch)
-    with open(log, "ab") as out:  # appended, never truncated: the earlier segments' lines are the trial's record
+    with open(path, "ab") as out:  # appended, never truncated: the earlier segments' lines are the trial's record
         out.write(_log_header(trial.number, epoch, argv).encode())
         out.flush()  # before the child writes to the same file
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_bound_to(os.getpid()))
         stop.child = proc
         try:
             return proc.wait()
@@ -123,10 +149,45 @@ def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest) -> 
             stop.child = None
 
 
+def wait_free(search: Search, number: int, stop: StopRequest, log=print) -> bool:
+    """Wait while another process holds the trial's folder (a killed worker's trial, saving before it exits);
+    False when this worker is stopped meanwhile."""
+    folder = search.trial_dir(number)
+    said = False
+    while is_locked(folder):
+        if stop.requested:
+            return False
+        if not said:
+            holder = (Path(folder) / RUN_LOCK).read_text(errors="replace").strip() or "another process"
+            log(f"search: trial {number}: {folder} is in use ({holder}); waiting for it to save and exit")
+            said = True
+        time.sleep(BUSY_POLL_S)
+    return True
+
+
+def _bound_to(parent: int):
+    """A preexec_fn that makes the trial's process get SIGTERM when the worker `parent` dies (Linux's
+    PR_SET_PDEATHSIG), so a killed worker leaves no orphan training on: the trial saves and exits 75, as a rank
+    does when torchrun is gone. None where there is no prctl."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child between fork and exec should only call it
+
+    def bind() -> None:
+        """In the child: ask for SIGTERM at the worker's death, and stop now if it is already gone."""
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return bind
+
+
 def _log_header(number: int, epoch: int, argv: list[str]) -> str:
     """The line that opens one segment's output in the trial's log: when, which segment, which worker, what."""
     when = time.strftime("%Y-%m-%d %H:%M:%S %z")
-    return f"=== {when} start trial {number} to epoch {epoch}, worker {worker_id()}: {shlex.join(argv)}\n"
+    return f"{HEADER}{when} start trial {number} to epoch {epoch}, worker {worker_id()}: {shlex.join(argv)}\n"
 
 
 def _log_path(search: Search, number: int) -> Path:
@@ -141,14 +202,19 @@ def rung_value(search: Search, number: int, epoch: int) -> float | None:
     return float(rows[-1][search.metric]) if rows else None
 
 
-def finish(search: Search, study: optuna.Study, job: asha.Job, code: int) -> None:
-    """Record a segment's end under the lock: its rung value, COMPLETE at the last rung, FAIL, or released."""
+def finish(search: Search, study: optuna.Study, job: asha.Job, code: int, stopping: bool = False) -> None:
+    """Record a segment's end under the lock: its rung value, COMPLETE at the last rung, FAIL, or released
+    (`stopping`: this worker was asked to stop while the segment ran)."""
     with locked(search.root):
-        if code in STOP_CODES:
+        trial = trial_handle(study, study.get_trials(deepcopy=False)[job.number])
+        if _released(search, job, code, stopping):
+            mark(study, job.number, {"epoch": job.epoch, "worker": None, "since": time.time()})
+            return
+        if code < 0 and int(trial.user_attrs.get(KILLS, 0)) < MAX_KILLS:
+            trial.set_user_attr(KILLS, int(trial.user_attrs.get(KILLS, 0)) + 1)  # resumed from its checkpoint
             mark(study, job.number, {"epoch": job.epoch, "worker": None, "since": time.time()})
             return
         value = rung_value(search, job.number, job.epoch) if code == 0 else None
-        trial = trial_handle(study, study.get_trials(deepcopy=False)[job.number])
         if value is None:
             trial.set_user_attr("error", _error_text(search, job, code))
             trial.set_user_attr(asha.JOB, None)
@@ -156,35 +222,46 @@ def finish(search: Search, study: optuna.Study, job: asha.Job, code: int) -> Non
             return
         trial.report(value, step=job.epoch)
         trial.set_user_attr(asha.JOB, None)
+        if trial.user_attrs.get(KILLS):
+            trial.set_user_attr(KILLS, 0)
         if job.epoch >= search.rungs[-1]:
             study.tell(job.number, value)
 
 
+def _released(search: Search, job: asha.Job, code: int, stopping: bool) -> bool:
+    """True when the segment's end is no verdict on the trial: it saved and stopped (75, 130), a stop signal
+    ended it while it was starting, or its folder was still held by another process (it waits, then resumes)."""
+    if code in STOP_CODES or (code < 0 and stopping):
+        return True
+    return code == EXIT_USER and any(IN_USE in line for line in segment_lines(search, job.number)[-3:])
+
+
+def segment_lines(search: Search, number: int) -> list[str]:
+    """The non-empty lines the trial's latest segment printed (after its header in ROOT/logs/trial_N.log)."""
+    try:
+        text = _log_path(search, number).read_text(errors="replace")
+    except OSError:
+        return []
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    starts = [i for i, line in enumerate(lines) if line.startswith(HEADER)]
+    return lines[starts[-1] + 1:] if starts else lines
+
+
 def _error_text(search: Search, job: asha.Job, code: int) -> str:
-    """Why a segment failed, in one line: the exit code and the last line it printed (or its run's log.txt)."""
+    """Why a segment failed, in one line: the exit code and the last line that segment printed."""
     if code == 0:
         return f"exit 0 but no {search.metric} at epoch {job.epoch} in metrics.jsonl"
-    for path in (_log_path(search, job.number), Path(search.trial_dir(job.number)) / LOG):
-        try:
-            lines = [x.strip() for x in path.read_text(errors="replace").splitlines() if x.strip()]
-        except OSError:
-            continue
-        if lines:
-            return f"exit {code}: {lines[-1][:200]}"
-    return f"exit {code}"
+    how = f"exit {code}" if code > 0 else f"killed by {_signal_name(-code)} {MAX_KILLS + 1} times in a row"
+    lines = segment_lines(search, job.number)
+    return f"{how}: {lines[-1][:200]}" if lines else f"{how}, before it printed anything"
 
 
-def settle(search: Search, study: optuna.Study) -> None:
-    """The study is done: trials left waiting at a rung are told PRUNED (their rung values stay)."""
-    with locked(search.root):
-        trials = study.get_trials(deepcopy=False)
-        is_live = functools.partial(live, search)
-        if asha.busy(trials, is_live) or asha.next_job(trials, search.rungs, search.eta, search.maximize,
-                                                        search.trials, is_live) is not None:
-            return  # a worker started since (with more trials, say): the study is not done after all
-        for trial in trials:
-            if trial.state == TrialState.RUNNING:
-                study.tell(trial.number, state=TrialState.PRUNED)
+def _signal_name(number: int) -> str:
+    """SIGKILL for 9; the number where it names no signal."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class StopRequest:
@@ -215,15 +292,14 @@ def run_worker(search: Search, poll_s: float = POLL_S, log=print) -> int:
     while not stop.requested:
         job, others = take(search, study)
         if job is None and not others:
-            settle(search, study)
-            return 0
+            return 0  # trials waiting at a rung stay RUNNING: raising `trials` may still promote them
         if job is None:
             time.sleep(poll_s)
             continue
         trial = study.get_trials(deepcopy=False)[job.number]
         log(f"search: trial {job.number}: {job.why}, to epoch {job.epoch} ({search.trial_dir(job.number)})")
-        code = train(search, trial, job.epoch, stop)
-        finish(search, study, job, code)
-        if code in STOP_CODES:
+        code = train(search, trial, job.epoch, stop, log)
+        finish(search, study, job, code, stop.requested)
+        if code in STOP_CODES or stop.requested:
             return EXIT_PREEMPTED
     return EXIT_PREEMPTED

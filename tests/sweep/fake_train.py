@@ -4,14 +4,19 @@
 from the last one in DIR/metrics.jsonl to E (TRAIN.EPOCHS without the flag), val/top1 a function of TRAIN.LR and
 the epoch, writes run.json (paused or done) and DIR/calls.txt (one line per call: the epochs it trained), exits 0.
 FAKE_FAIL_ABOVE=X: a TRAIN.LR above X fails (exit 1, 'boom' on stderr). FAKE_EXIT=N:E makes a call that
-would train epoch E exit N first (75: preempted, nothing written), once per DIR.
+would train epoch E exit N first (75: preempted, nothing written), once per DIR. FAKE_SIGNAL=S:E:K: a call that
+would train epoch E dies of signal S instead (after writing nothing), K times per DIR (default once). FAKE_GROUP_TERM=E:
+a call that would train epoch E first sends SIGTERM to its process group (a stop of the whole job while it starts).
+A call that pauses prints "paused after epoch E", as tools/train.py does.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 
@@ -48,6 +53,8 @@ def main() -> int:
     if code != "0" and done < int(at) <= end and not flag.exists():
         flag.write_text("")
         return int(code)
+    if killed(out, done, end):
+        return 1  # not reached: the signal ends the process
     with open(metrics, "a") as f:
         for epoch in range(done + 1, end + 1):
             f.write(json.dumps({"step": epoch * 10, "epoch": epoch, "val/top1": top1(float(keys["TRAIN.LR"]), epoch),
@@ -56,7 +63,27 @@ def main() -> int:
         f.write(f"{done + 1}-{end}\n")
     status = "done" if end >= int(keys.get("TRAIN.EPOCHS", "3")) else "paused"
     (out / "run.json").write_text(json.dumps({"status": status, "epoch": end}))
+    if status == "paused":
+        print(f"paused after epoch {end}", flush=True)
     return 0
+
+
+def killed(out: Path, done: int, end: int) -> bool:
+    """FAKE_GROUP_TERM and FAKE_SIGNAL: end this call by a signal, as the module's docstring says."""
+    group = os.environ.get("FAKE_GROUP_TERM")
+    if group and done < int(group) <= end and not (out / "fake_group_done").exists():
+        (out / "fake_group_done").write_text("")
+        os.killpg(os.getpgrp(), signal.SIGTERM)  # the default action: this process dies of it too
+        time.sleep(30)
+    sig, _, rest = os.environ.get("FAKE_SIGNAL", "0:0").partition(":")
+    at, _, times = rest.partition(":")
+    count = out / "fake_signal_count"
+    n = int(count.read_text()) if count.exists() else 0
+    if sig != "0" and done < int(at) <= end and n < int(times or 1):
+        count.write_text(str(n + 1))
+        os.kill(os.getpid(), int(sig))
+        time.sleep(30)
+    return False
 
 
 if __name__ == "__main__":

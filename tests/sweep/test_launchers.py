@@ -269,7 +269,8 @@ def test_optuna_dashboard_serves_the_study_journal(tmp_path: Path, fake) -> None
         assert len(trials) == 4
         steps = sorted(sorted(v["step"] for v in t["intermediate_values"]) for t in trials)
         assert steps == [[1], [1], [1], [1, 3]]  # the rung values: each trial at epoch 1, the promoted one at 3
-        assert sorted(t["state"] for t in trials) == ["Complete", "Pruned", "Pruned", "Pruned"]
+        # the others wait at their rung (Running to Optuna): raising `trials` could still promote them
+        assert sorted(t["state"] for t in trials) == ["Complete", "Running", "Running", "Running"]
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         try:

@@ -1,0 +1,204 @@
+"""A search worker and its trial's process under kills: no orphan trains on after its worker, a busy folder is
+waited for (never a FAIL), a stop while a segment starts releases the trial, a trial killed by a signal nobody
+sent is resumed (a few times), a failed trial's error is its own segment's, a reused pid is not a live worker, and
+trials left waiting at a rung are promoted when `trials` is raised. The trainer is tests/sweep/fake_train.py (no
+torch) except where the trial's own stop matters."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+from runner.sweep import asha, worker
+from runner.sweep.search import load_search
+from runner.sweep.study import distributions, open_study, trial_handle
+from tests.sweep.test_search import FAKE, ROOT, calls, fake_search, search_file
+from tests.utils import env, is_alive, wait_until
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """tools/train.py replaced by fake_train.py; the worker's signal handlers restored afterwards."""
+    monkeypatch.setattr(worker, "TRAIN_PY", FAKE)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    yield monkeypatch
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def quiet(_line: str) -> None:
+    """A worker's log, dropped."""
+
+
+def trials_of(search):
+    """The study's trials as the journal holds them now."""
+    return open_study(search, create=False).get_trials()
+
+
+def test_a_reused_pid_is_not_the_worker_that_took_the_job(tmp_path):
+    search = fake_search(tmp_path)
+    with worker.locked(search.root):
+        study = open_study(search)
+    trial = study.ask()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        started = worker.process_start(other.pid)
+        assert started is not None
+        for when, alive in ((started, True), (started - 1, False), (None, True)):  # None: a job of an older worker
+            trial_handle(study, trial).set_user_attr(
+                asha.JOB, {"epoch": 1, "worker": f"{host}:{other.pid}", "started": when, "since": 0})
+            assert worker.live(search, study.get_trials()[0]) is alive, when
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_busy_folder_is_waited_for_and_never_failed(tmp_path, fake):
+    """A killed worker's trial still holds its folder (saving): the next worker waits for it, then resumes it."""
+    search = fake_search(tmp_path, trials=3)
+    with worker.locked(search.root):
+        study = open_study(search)
+    number = study.ask(distributions(search)).number
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    worker.mark(study, number, {"epoch": 1, "worker": f"{socket.gethostname()}:{dead.stdout.strip()}", "since": 0})
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from runner.rundir.lock import RunLock; "
+                               f"RunLock({search.trial_dir(number)!r}).acquire(); print('held', flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT, env=env())
+    assert holder.stdout.readline().strip() == "held"
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if "is in use" in line:  # the worker waits: let the holder go (it exits, the OS drops the lock)
+            holder.stdin.close()
+
+    try:
+        assert worker.run_worker(search, poll_s=0.1, log=log) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert any(f"trial {number}: " in x and "waiting for it to save and exit" in x for x in lines), lines
+    trials = trials_of(search)
+    assert not [t for t in trials if t.state == TrialState.FAIL], [t.user_attrs for t in trials]
+    assert calls(Path(search.root))[f"trial_{number}"][0] == "1-1"
+
+
+def test_a_busy_refusal_from_the_trial_releases_it(tmp_path, fake):
+    """The folder taken between the look and the start (train.py's own refusal, exit 2): released, not failed."""
+    search = fake_search(tmp_path, trials=3)
+    with worker.locked(search.root):
+        study = open_study(search)
+    job = asha.Job(study.ask().number, 1, "new")
+    log = Path(search.root) / "logs" / "trial_0.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(f"{worker.HEADER}start\n{search.trial_dir(0)} is in use by a running job (pid 1 on h); wait\n")
+    worker.finish(search, study, job, 2)
+    trial = trials_of(search)[0]
+    assert trial.state == TrialState.RUNNING and trial.user_attrs[asha.JOB]["worker"] is None
+
+
+def test_a_killed_worker_leaves_no_orphan_and_its_rerun_finishes(tmp_path):
+    """kill -9 of the worker: its trial's process gets SIGTERM (it would save and exit 75), and a re-run resumes."""
+    path = search_file(tmp_path, "trials: 2\nseed: 1\n")
+    script = ("import sys, time; from pathlib import Path; from runner.sweep import worker; "
+              "from runner.sweep.search import load_search; "
+              f"worker.TRAIN_PY = Path({str(tmp_path / 'slow_train.py')!r}); "
+              "sys.exit(worker.run_worker(load_search(sys.argv[1]), poll_s=0.1))")
+    # a trainer that announces itself, then trains until a SIGTERM ends it (exit 75, as tools/train.py saves)
+    (tmp_path / "slow_train.py").write_text(
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
+        "print('training', os.getpid(), flush=True)\n"
+        "while True:\n    time.sleep(0.05)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], cwd=ROOT, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = tmp_path / "out" / "logs" / "trial_0.log"
+    wait_until(lambda: log.exists() and "training" in log.read_text(), proc, "the trial's first line", 60)
+    trainer = int(log.read_text().split("training ")[1].split()[0])
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    end = time.monotonic() + 30
+    while is_alive(trainer) and time.monotonic() < end:
+        time.sleep(0.05)
+    alive = is_alive(trainer)
+    if alive:
+        os.kill(trainer, signal.SIGKILL)
+    assert not alive, "the trial's process outlived its worker"
+    search = load_search(str(path))
+    trial = trials_of(search)[0]
+    assert trial.state == TrialState.RUNNING and not worker.live(search, trial)
+
+
+def test_a_stop_of_the_group_while_a_segment_starts_releases_it(tmp_path):
+    """SIGTERM to the whole job while the trial's process has no handler yet (it dies of the signal): the trial is
+    released like a save (exit 75), with no error, and the next worker trains it on."""
+    path = search_file(tmp_path, "trials: 3\nseed: 1\nasha: {eta: 3, min_epochs: 1}\n")
+    script = ("import sys; from pathlib import Path; from runner.sweep import worker; "
+              "from runner.sweep.search import load_search; "
+              f"worker.TRAIN_PY = Path({str(FAKE)!r}); "
+              "sys.exit(worker.run_worker(load_search(sys.argv[1]), poll_s=0.1))")
+    run = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, capture_output=True, text=True,
+                         env=env(FAKE_GROUP_TERM="2"), start_new_session=True, timeout=120)
+    assert run.returncode == 75, run.stdout + run.stderr
+    search = load_search(str(path))
+    trials = trials_of(search)
+    assert not [t for t in trials if t.state == TrialState.FAIL], [t.user_attrs for t in trials]
+    again = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, capture_output=True, text=True,
+                           env=env(), timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [t.state for t in trials_of(search)].count(TrialState.COMPLETE) == 1
+
+
+def test_a_trial_killed_by_a_signal_is_resumed(tmp_path, fake):
+    fake.setenv("FAKE_SIGNAL", f"{int(signal.SIGKILL)}:1:2")  # twice, then it trains
+    search = fake_search(tmp_path, trials=3)
+    assert worker.run_worker(search, poll_s=0.1, log=quiet) == 0
+    trials = trials_of(search)
+    assert not [t for t in trials if t.state == TrialState.FAIL], [t.user_attrs for t in trials]
+    assert [t.state for t in trials].count(TrialState.COMPLETE) == 1
+
+
+def test_a_trial_killed_every_time_fails_with_why(tmp_path, fake):
+    fake.setenv("FAKE_SIGNAL", f"{int(signal.SIGKILL)}:1:99")
+    search = fake_search(tmp_path, trials=3)
+    assert worker.run_worker(search, poll_s=0.1, log=quiet) == 0
+    trials = trials_of(search)
+    assert all(t.state == TrialState.FAIL for t in trials)
+    assert trials[0].user_attrs["error"] == (
+        f"killed by SIGKILL {worker.MAX_KILLS + 1} times in a row, before it printed anything")
+
+
+def test_the_error_is_the_failed_segments_own(tmp_path, fake):
+    """The segment before printed "paused after epoch 1"; the one that failed printed nothing."""
+    fake.setenv("FAKE_EXIT", "1:3")
+    search = fake_search(tmp_path, trials=3)
+    assert worker.run_worker(search, poll_s=0.1, log=quiet) == 0
+    failed = [t for t in trials_of(search) if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and failed[0].user_attrs["error"] == "exit 1, before it printed anything"
+    assert "paused after epoch 1" in (Path(search.root) / "logs" / f"trial_{failed[0].number}.log").read_text()
+
+
+def test_raising_trials_promotes_trials_left_waiting(tmp_path, fake):
+    """3 trials (eta 3) promote their best; raised to 9, the top 3 of 9 at epoch 1 are promoted, whichever ran
+    first: a trial that waited at the rung through the first study's end is one of them here."""
+    asha_of = "seed: 13\nasha: {eta: 3, min_epochs: 1}\n"  # seed 13: trial 0 waits, then is in the top 3 of 9
+    search = load_search(str(search_file(tmp_path, f"trials: 3\n{asha_of}")))
+    assert worker.run_worker(search, poll_s=0.1, log=quiet) == 0
+    waiting = {t.number for t in trials_of(search) if 3 not in t.intermediate_values}
+    assert len(waiting) == 2
+    more = load_search(str(search_file(tmp_path, f"trials: 9\n{asha_of}")))
+    assert worker.run_worker(more, poll_s=0.1, log=quiet) == 0
+    trials = trials_of(more)
+    top = sorted(trials, key=lambda t: (-t.intermediate_values[1], t.number))[:3]
+    assert waiting & {t.number for t in top}, "the precondition: a trial that waited is in the top 3 of 9"
+    assert sorted(t.number for t in trials if 3 in t.intermediate_values) == sorted(t.number for t in top)
+    assert all(t.state == TrialState.COMPLETE for t in top)
