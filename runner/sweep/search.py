@@ -113,6 +113,7 @@ def load_search(path: str, extra: list[str] | tuple[str, ...] = (), root: str | 
     eta, min_epochs, rungs = _asha(sweep, raw.get("asha"), base)
     sampler = _choice(sweep, "sampler", raw.get("sampler", "tpe"), SAMPLERS)
     trials = _trials(sweep, raw.get("trials"), sampler, space)
+    _check_reach(sweep, trials, eta, rungs)
     seed = _seed(sweep, raw.get("seed"))
     search = Search(sweep, extra, root, metric, mode, trials, sampler, seed, space, eta, min_epochs, rungs,
                     _shared(base))
@@ -287,6 +288,25 @@ def _trials(sweep: Sweep, raw: Any, sampler: str, space: dict[str, Dim]) -> int:
     if size is not None and trials > size:
         raise fail(sweep, f"trials {trials} is more than the grid's {size} points")
     return trials
+
+
+def _check_reach(sweep: Sweep, trials: int, eta: int, rungs: tuple[int, ...]) -> None:
+    """Refuse trials, eta and rungs with which a search may end with no trial at the last rung (the full length)."""
+    # ASHA promotes the top len(board) // eta of a rung (runner/sweep/asha.py): in the worst order of values rung k
+    # gets trials // eta**k trials, so one is sure to reach the last rung only from eta**(len(rungs) - 1) trials on
+    # (fewer than eta never promote at all; between, it depends on the order the values arrive in)
+    need = eta ** (len(rungs) - 1)
+    if trials >= need:
+        return
+    fits = 0  # the most promotions the given trials allow
+    while eta ** (fits + 1) <= trials:
+        fits += 1
+    fewer = next(m for m in range(rungs[0], rungs[-1] + 1) if len(rung_list(m, eta, rungs[-1])) <= fits + 1)
+    other = (f"asha: {{eta: {eta}, min_epochs: {fewer}}} (rungs {list(rung_list(fewer, eta, rungs[-1]))})"
+             if fits else f"drop asha: (every trial trains to epoch {rungs[-1]})")
+    raise fail(sweep, f"trials {trials} may end with no trial at the full length: asha promotes the top 1/{eta} of "
+                      f"a rung, so one reaches epoch {rungs[-1]} (rungs {list(rungs)}) for sure only from {need} "
+                      f"trials on; give trials: {need}, or {other}")
 
 
 def grid_size(space: dict[str, Dim]) -> int | None:

@@ -4,23 +4,35 @@ cluster's shared file system is enough: no database server), its space as Optuna
 The study is named after the sweep file and keeps what it was made with (metric, mode, rungs, space, the shared
 config) as one user attr; opening it with other settings is refused with the first difference, in one line.
 `trials` is not kept: raising it continues the same study with more trials (it counts the study's trials).
+
+A damaged journal (a line that is no record, with lines after it) is one line naming the file and the line. A torn
+last line (a writer killed mid-record) is what Optuna's reader skips itself; the next record would be appended to
+it and make it a damaged line, so it is cut before each append, under Optuna's own lock (no writer is mid-record).
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import sys
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalFileSymlinkLock
 
 from runner.errors import UserError
 from runner.sweep.search import Search, fail, stored
 
 JOURNAL = "study.journal"
 SETTINGS = "settings"  # the study user attr holding Search.settings()
+TAIL_CHUNK = 1 << 16  # bytes read at a time from the journal's end to find its last line
+# what Optuna's replay raises on a record it cannot apply (a missing key, an unknown op_code's assert, a wrong type)
+REPLAY_ERRORS = (KeyError, TypeError, ValueError, AssertionError, AttributeError, IndexError)
 
 
 def journal_path(search: Search) -> str:
@@ -81,7 +93,7 @@ def open_study(search: Search, create: bool = True) -> optuna.Study | None:
     if not create and not os.path.isfile(path):
         return None
     os.makedirs(search.root, exist_ok=True)
-    storage = JournalStorage(JournalFileBackend(path))
+    storage = _storage(search, path)
     names = [s.study_name for s in storage.get_all_studies()]
     name = study_name(search)
     if names and name not in names:
@@ -126,3 +138,98 @@ def same_setting(key: str, was: str | None, now: str | None, pretrained: bool = 
 def trial_handle(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> optuna.Trial:
     """A live Trial for a trial another worker may have asked for (to report its rung values)."""
     return optuna.Trial(study, trial._trial_id)  # Optuna has no public lookup of a trial's id by its number
+
+
+def _storage(search: Search, path: str) -> JournalStorage:
+    """The journal as Optuna's storage; a line it cannot read or replay is one UserError naming it."""
+    backend = _Journal(path, search)
+    try:
+        return JournalStorage(backend)  # replays the whole journal
+    except REPLAY_ERRORS as e:
+        raise backend.damaged(backend.line, f"is a record Optuna cannot replay ({type(e).__name__}: {e})") from None
+
+
+class _Journal(BaseJournalBackend):
+    """Optuna's file journal that names a damaged line, and cuts a torn last line before it appends."""
+
+    def __init__(self, path: str, search: Search) -> None:
+        self.path, self.search = path, search
+        self.lock = JournalFileSymlinkLock(path)  # the backend's own lock, held here too while the tail is cut
+        self.file = JournalFileBackend(path, lock_obj=self.lock)
+        self.line = 0  # the line of the last record read (1-based; one record per line)
+
+    def read_logs(self, log_number_from: int) -> Iterator[dict[str, Any]]:
+        """Optuna's records from `log_number_from` on; a bad line with lines after it is a UserError."""
+        self.line = log_number_from
+        try:
+            for log in self.file.read_logs(log_number_from):
+                self.line += 1
+                yield log
+        except ValueError:  # Optuna raises a bad line's decode error once a line follows it: the bad one is next
+            raise self.damaged(self.line + 1, "is not a journal record") from None
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        """Append `logs`, after cutting a torn last line (Optuna would append to it)."""
+        with _held(self.lock):
+            cut = cut_torn_tail(self.path)
+        if cut:
+            print(f"search: {self.path}: cut its torn last line ({cut} bytes; a writer stopped mid-record)",
+                  file=sys.stderr, flush=True)
+        self.file.append_logs(logs)
+
+    def damaged(self, line: int, what: str) -> UserError:
+        """The one line for a damaged journal line."""
+        return fail(self.search.sweep, f"{self.path} line {line} {what}, damaged by a crash or an edit: delete that "
+                                       f"line (sed -i '{line}d' {self.path}) to keep the rest of the study, or give "
+                                       "root: another folder for a new study")
+
+
+@contextlib.contextmanager
+def _held(lock: JournalFileSymlinkLock) -> Iterator[None]:
+    """Optuna's journal lock held (its writers append under it)."""
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def cut_torn_tail(path: str) -> int:
+    """Cut the journal's last line when it is not whole JSON (no newline, or garbage); the bytes cut (0: none)."""
+    try:
+        f = open(path, "rb+")
+    except FileNotFoundError:
+        return 0
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        start = _last_line_start(f, size)
+        f.seek(start)
+        last = f.read()
+        if not last or last.endswith(b"\n") and _is_json(last):
+            return 0
+        f.truncate(start)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - start
+
+
+def _last_line_start(f: Any, size: int) -> int:
+    """The offset where the file's last line (its final newline excluded) begins."""
+    end = size - 1  # a final newline ends the last line; it does not start an empty one
+    while end > 0:
+        start = max(0, end - TAIL_CHUNK)
+        f.seek(start)
+        at = f.read(end - start).rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
+
+
+def _is_json(line: bytes) -> bool:
+    """True when `line` decodes as JSON (what Optuna's reader asks of a line)."""
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
