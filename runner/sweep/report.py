@@ -17,7 +17,7 @@ from runner.fsutil import atomic_write
 from runner.rundir import reader
 from runner.sweep import asha
 from runner.sweep.search import Search
-from runner.sweep.table import ordered, render
+from runner.sweep.table import STATES, best, best_line, ordered, render
 
 REPORT = "report.html"
 W, H, PAD = 360, 220, 40  # one chart's size and its margin (pixels)
@@ -30,9 +30,12 @@ STYLE = ("body{font-family:sans-serif;margin:2em}svg{border:1px solid #ddd;margi
 def write_report(search: Search, study: optuna.Study) -> str:
     """Write ROOT/report.html (atomically) and return its path."""
     trials = study.get_trials(deepcopy=False)
+    top = best(search, trials)  # the table's answer, and summarize's: one best
+    answer = best_line(search, top) if top is not None else "no trial has trained to the full length yet"
     parts = [f"<h1>Search {html.escape(os.path.basename(search.sweep.path))}</h1>",
              f"<p>{search.metric} ({search.mode}); rungs at epochs {list(search.rungs)}; eta {search.eta}; "
-             f"{len(trials)} of {search.trials} trials. Colour: the rung reached.</p>",
+             f"{len(trials)} of {search.trials} trials. Colour: the rung reached. States: "
+             f"{html.escape(', '.join(STATES))}.</p>", f"<pre>{html.escape(answer)}</pre>",
              "<h2>The metric against each sampled key</h2>", _div([_by_key(search, trials, k) for k in search.space]),
              "<h2>Distribution of the metric at each rung (EDF)</h2>", _div([_edf(search, trials)]),
              "<h2>The best trials' curves</h2>", _div([_curves(search, trials)]),
@@ -49,9 +52,10 @@ def _div(charts: list[str]) -> str:
 
 
 def _value(search: Search, trial: FrozenTrial) -> tuple[int, float | None]:
-    """(rung reached, the metric there)."""
+    """(rung reached, the metric there; None when it has none or a non-finite one, which no chart can place)."""
     epoch = asha.reached(trial, search.rungs)
-    return epoch, trial.intermediate_values.get(epoch) if epoch else None
+    value = trial.intermediate_values.get(epoch) if epoch else None
+    return epoch, value if value is not None and math.isfinite(value) else None
 
 
 def _by_key(search: Search, trials: list[FrozenTrial], key: str) -> str:
@@ -74,8 +78,8 @@ def _edf(search: Search, trials: list[FrozenTrial]) -> str:
     """At each rung, the fraction of its trials whose metric is at least as good as x."""
     lines = []
     for i, epoch in enumerate(search.rungs):
-        values = sorted((t.intermediate_values[epoch] for t in trials if epoch in t.intermediate_values),
-                        reverse=search.maximize)
+        values = sorted((t.intermediate_values[epoch] for t in trials if epoch in t.intermediate_values
+                         and math.isfinite(t.intermediate_values[epoch])), reverse=search.maximize)
         steps = [(v, (j + 1) / len(values)) for j, v in enumerate(values)]
         lines.append((f"epoch {epoch}", COLOURS[(i + 1) % len(COLOURS)], steps))
     every = [x for _, _, s in lines for x, _ in s]
@@ -87,7 +91,8 @@ def _curves(search: Search, trials: list[FrozenTrial]) -> str:
     lines = []
     for i, trial in enumerate(ordered(search, trials)[:BEST_CURVES]):
         metrics = reader.read_metrics(search.trial_dir(trial.number))
-        rows = [r for r in (metrics.rows if metrics else []) if search.metric in r and "epoch" in r]
+        rows = [r for r in (metrics.rows if metrics else [])
+                if _finite(r.get(search.metric)) and _finite(r.get("epoch"))]
         lines.append((f"trial {trial.number}", COLOURS[(i + 1) % len(COLOURS)],
                       [(float(r["epoch"]), float(r[search.metric])) for r in rows]))
     every = [y for _, _, s in lines for _, y in s]
@@ -142,6 +147,11 @@ def _chart(title: str, xa: Axis, ya: Axis, dots: list, lines: list) -> str:
         out.append(f"<polyline fill=none stroke='{colour}' points='{' '.join(px(x, y) for x, y in pts)}'/>")
         out.append(f"<text x={W - PAD} y={PAD + 12 * i} fill='{colour}' text-anchor=end>{html.escape(name)}</text>")
     return "".join(out) + "</svg>"
+
+
+def _finite(value) -> bool:
+    """A number a chart can place (not a bool, NaN or an infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _unique(values) -> list:

@@ -1,10 +1,18 @@
-"""One table of every run under a folder: overridden keys, status and results (no torch import)."""
+"""One table of every run under a folder: overridden keys, status and results (no torch import).
+
+A search's trial folders (ROOT/trial_N beside ROOT/study.journal) are shown in the search's own words when the
+caller hands `summarize` a reader of studies (tools/summarize.py passes runner/sweep/table.py's `trial_views`, which
+imports Optuna only then): the search's state, the rung reached and the metric there, the search's order and its
+best trial. Without one, a paused trial is "paused", never "interrupted; re-run".
+"""
 from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +24,7 @@ from runner.config.schema import best_mode
 from runner.csvsafe import csv_text
 from runner.rundir import reader
 from runner.rundir.layout import METRICS, RESULTS, RUN_JSON
-from runner.rundir.marker import is_done
+from runner.rundir.marker import PAUSED, is_done
 from runner.rundir.reader import ACTIVE_S, find_runs
 
 # Keys that differ in every run by construction, so they never make a column
@@ -29,6 +37,11 @@ RESULT_COLUMNS = ("status", "val/top1", "best/val/top1", "val/top5", "best/val/t
 OPTIONAL_COLUMNS = ("test/top1",)
 DEFAULT_SORT = "best/val/top1"
 _CONFIG_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)*$")
+# runner/sweep/study.py's JOURNAL and search.py's trial folders, spelled here too: those modules import Optuna and
+# the config (tests/sweep/test_best_answer.py checks that the names agree)
+STUDY_JOURNAL = "study.journal"
+_TRIAL_FOLDER = re.compile(r"trial_[0-9]+")
+RUNG = "rung"  # a search trial's columns: the rung (epoch) it reached and, as "rung/METRIC", its metric there
 
 try:  # the C loader is several times faster on hundreds of config files
     _Loader = yaml.CSafeLoader
@@ -37,9 +50,31 @@ except AttributeError:  # pragma: no cover - PyYAML built without libyaml
 
 
 class Row(dict):
-    """One table row (column name to value) that knows whether its run's config could be read."""
+    """One table row (column name to value) that knows whether its run's config could be read, and, for a search's
+    trial, its place in the search's order and whether it is the search's best."""
 
     config_known: bool = True
+    search: tuple[str, int] | None = None  # (search root, rank in the search's order)
+    search_best: bool = False
+    best_line: str = ""  # the search's best trial: its table's 'best: ...' line and command
+
+
+@dataclass(frozen=True)
+class TrialView:
+    """What a search's study says of one trial folder (runner/sweep/table.py `trial_views`)."""
+
+    state: str  # one of table.STATES: done, training, paused, stopped, failed, to resume, to start
+    note: str  # what it waits for or why ("at epoch 1, not promoted")
+    rung: int  # the highest rung (epoch) it reached, 0 before the first
+    value: float | None  # its metric at that rung
+    metric: str
+    rank: int  # its place in the search's order (highest rung, then the metric there, then the trial number)
+    best: bool  # the search's answer: trained to the full length, the best metric there
+    best_line: str = ""  # for the best trial: the table's 'best: ...' line and the command that trains it again
+
+
+# A reader of a search's study: ROOT -> trial folder name -> its view (raises when the study cannot be read)
+StudyReader = Callable[[Path], dict[str, TrialView]]
 
 
 @dataclass
@@ -51,14 +86,23 @@ class Run:
     config: dict[str, Any] | None = None  # every key of config.yaml, flattened; None when unreadable
     results: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    view: TrialView | None = None  # a search's trial: what its study says
+    search_root: str = ""
 
-    def row(self, keys: list[str]) -> Row:
-        """Column name to value: run, the given override keys, then the result columns."""
+    def row(self, keys: list[str], search_columns: Sequence[str] = ()) -> Row:
+        """Column name to value: run, the given override keys, then the result columns (the search's after status)."""
         values = {} if self.config is None else {**default_values(), **self.config}
         row = Row(run=self.path, **{k: values.get(k) for k in keys})
-        row.update({k: self.results.get(k) for k in RESULT_COLUMNS})
+        for column in RESULT_COLUMNS:
+            row[column] = self.results.get(column)
+            if column == "status":
+                row.update({c: None for c in search_columns})
         row.update(status=self.status, note="; ".join(self.notes))
         row.config_known = self.config is not None
+        if self.view is not None:
+            row.update({RUNG: self.view.rung or None, f"{RUNG}/{self.view.metric}": self.view.value})
+            row.search, row.search_best = (self.search_root, self.view.rank), self.view.best
+            row.best_line = self.view.best_line
         return row
 
 
@@ -134,7 +178,7 @@ def _fold_metrics(out: dict[str, Any], record: dict[str, Any], metric: str = "va
             if _is_number(record.get("epoch")):
                 out["epoch"] = record["epoch"]  # evaluations come at epoch ends: epochs done
     value, ref = record.get(metric), out.get("_best")
-    if _is_number(value) and (ref is None or (value > ref if mode == "max" else value < ref)):
+    if is_finite(value) and (ref is None or (value > ref if mode == "max" else value < ref)):
         out["_best"] = value
         for key in ("val/top1", "val/top5"):
             out[f"best/{key}"] = record.get(key) if _is_number(record.get(key)) else None
@@ -147,6 +191,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def is_finite(value: Any) -> bool:
+    """A number that is neither NaN nor infinite (JSON's NaN and Infinity read back as such floats)."""
+    return _is_number(value) and math.isfinite(value)
+
+
 def read_json(run: Run, folder: Path, name: str) -> dict[str, Any] | None:
     """A JSON object file of the run, or None when missing; an unreadable one becomes a note."""
     obj, why = reader.read_object(folder, name)
@@ -155,8 +204,9 @@ def read_json(run: Run, folder: Path, name: str) -> dict[str, Any] | None:
     return obj
 
 
-def summarize_run(folder: Path, root: Path, now: float, active_s: float = ACTIVE_S) -> Run:
-    """Everything the summary shows about one run folder."""
+def summarize_run(folder: Path, root: Path, now: float, active_s: float = ACTIVE_S,
+                  view: TrialView | None = None) -> Run:
+    """Everything the summary shows about one run folder (a search's trial: in the search's words, `view`)."""
     run = Run(path=folder.relative_to(root).as_posix() or ".")
     results = read_json(run, folder, RESULTS)
     read_config(run, folder)
@@ -169,9 +219,40 @@ def summarize_run(folder: Path, root: Path, now: float, active_s: float = ACTIVE
     else:
         run.status, note = reader.unfinished_state(folder, state, now, active_s)
         run.results = read_metrics(run, folder)
+    if view is not None:
+        run.status, note, run.view, run.search_root = view.state, view.note, view, str(folder.parent)
+    elif search_root(folder) is not None and (state or {}).get("status") == PAUSED and run.status == "interrupted":
+        # its study was not read: the search, not a re-run of the trial's command, decides whether it goes on
+        run.status, note = "paused", "a search's trial, paused at a rung: the search decides whether it goes on"
     if note:
         run.notes.insert(0, note)
     return run
+
+
+def search_root(folder: Path) -> Path | None:
+    """The search whose trial `folder` is (ROOT/trial_N beside ROOT/study.journal), or None."""
+    parent = folder.parent
+    return parent if _TRIAL_FOLDER.fullmatch(folder.name) and (parent / STUDY_JOURNAL).is_file() else None
+
+
+def trial_views(folders: list[Path], studies: StudyReader | None) -> tuple[dict[Path, TrialView], dict[Path, str]]:
+    """(each search trial folder's view, each search whose study could not be read -> why), one read per study."""
+    views: dict[Path, TrialView] = {}
+    unread: dict[Path, str] = {}
+    read: dict[Path, dict[str, TrialView]] = {}
+    for folder in folders:
+        root = search_root(folder)
+        if root is None or studies is None or root in unread:
+            continue
+        if root not in read:
+            try:
+                read[root] = studies(root)
+            except Exception as e:  # a damaged or foreign journal: its trials are shown as plain runs, with why
+                unread[root] = f"{STUDY_JOURNAL} unreadable ({_first_line(e)}): shown as a plain run"
+                continue
+        if folder.name in read[root]:
+            views[folder] = read[root][folder.name]
+    return views, unread
 
 
 def _first_line(e: BaseException) -> str:
@@ -179,13 +260,20 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def summarize(root: Path, active_s: float = ACTIVE_S) -> list[dict[str, Any]]:
-    """One row per run under root; override columns are the union over all runs."""
+def summarize(root: Path, active_s: float = ACTIVE_S, studies: StudyReader | None = None) -> list[dict[str, Any]]:
+    """One row per run under root; override columns are the union over all runs (`studies`: see the module)."""
     now = time.time()
-    runs = [summarize_run(folder, root, now, active_s) for folder in find_runs(root)]
+    folders = find_runs(root)
+    views, unread = trial_views(folders, studies)
+    runs = [summarize_run(folder, root, now, active_s, views.get(folder)) for folder in folders]
+    for folder, run in zip(folders, runs, strict=True):
+        if search_root(folder) in unread:
+            run.notes.append(unread[search_root(folder)])
     # a key that one run changed becomes a column, with every run's value in it (the default included)
     keys = sorted({k for run in runs if run.config is not None for k in changed_keys(run.config)})
-    rows = [run.row(keys) for run in runs]
+    search_columns = sorted({c for run in runs if run.view for c in (RUNG, f"{RUNG}/{run.view.metric}")},
+                            key=lambda c: (c != RUNG, c))
+    rows = [run.row(keys, search_columns) for run in runs]
     for column in OPTIONAL_COLUMNS:
         if all(row[column] is None for row in rows):
             for row in rows:
@@ -193,19 +281,36 @@ def summarize(root: Path, active_s: float = ACTIVE_S) -> list[dict[str, Any]]:
     return rows
 
 
-def sort_rows(rows: list[dict[str, Any]], key: str = DEFAULT_SORT, descending: bool = True) -> list[dict]:
-    """Rows sorted by one column: numbers, then text, then empty cells (always last); ties keep run order."""
-    numbers = [r for r in rows if _is_number(r.get(key))]
+def sort_rows(rows: list[dict[str, Any]], key: str | None = DEFAULT_SORT, descending: bool = True) -> list[dict]:
+    """Rows sorted by one column: finite numbers, then NaN and infinities, then text, then empty cells (always
+    last); ties keep run order. `key` None: a search's trials in the search's order (its table's), then the rest
+    by DEFAULT_SORT."""
+    if key is None:
+        trials = sorted((r for r in rows if getattr(r, "search", None)), key=lambda r: r.search)
+        return trials + sort_rows([r for r in rows if not getattr(r, "search", None)], DEFAULT_SORT, descending)
+    numbers = [r for r in rows if is_finite(r.get(key))]
+    odd = [r for r in rows if _is_number(r.get(key)) and not is_finite(r.get(key))]
     empty = [r for r in rows if r.get(key) is None or r.get(key) == ""]
     text = [r for r in rows if not _is_number(r.get(key)) and r.get(key) not in (None, "")]
-    return (sorted(numbers, key=lambda r: r[key], reverse=descending)
+    return (sorted(numbers, key=lambda r: r[key], reverse=descending) + odd
             + sorted(text, key=lambda r: str(r[key]), reverse=descending) + empty)
 
 
 def best_index(rows: list[dict[str, Any]], key: str = DEFAULT_SORT) -> int | None:
-    """Index of the row with the highest value of key (the best run), or None when none has one."""
-    scored = [(row[key], i) for i, row in enumerate(rows) if _is_number(row.get(key))]
-    return max(scored, key=lambda t: (t[0], -t[1]))[1] if scored else None
+    """Index of the best run's row, or None: a search's own best trial where the rows hold a search (the first such
+    row); else the highest finite value of `key` (NaN and infinities never win), a tie going to the run whose
+    folder comes first (numbers in its name compared as numbers: trial_2 before trial_10), whatever the order."""
+    searched = [i for i, row in enumerate(rows) if getattr(row, "search_best", False)]
+    if searched:
+        return searched[0]
+    scored = [(row[key], natural_key(str(row.get("run", ""))), i) for i, row in enumerate(rows)
+              if is_finite(row.get(key))]
+    return min(scored, key=lambda t: (-t[0], t[1]))[2] if scored else None
+
+
+def natural_key(name: str) -> list:
+    """A folder name as text and numbers, so that trial_2 comes before trial_10."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"([0-9]+)", name) if part]
 
 
 def format_value(value: Any) -> str:
@@ -268,7 +373,16 @@ def to_csv(rows: list[dict[str, Any]], best: int | None) -> str:
     columns = list(rows[0])
     lines = [[*columns, "best"]]
     for i, row in enumerate(rows):
-        cells = [json.dumps(v) if isinstance(v, (list, bool)) else ("" if v is None else v)
-                 for v in (row[c] for c in columns)]
+        cells = [_csv_cell(row[c]) for c in columns]
         lines.append([*cells, int(i == best)])
     return csv_text(lines)  # a run's name, note or string value that looks like a formula stays text
+
+
+def _csv_cell(value: Any) -> Any:
+    """A value as to_csv writes it: lists and booleans as JSON, None empty, NaN and infinities as text (so that
+    csv_text quotes -inf, which a spreadsheet would read as a formula), numbers and text as they are."""
+    if isinstance(value, (list, bool)):
+        return json.dumps(value)
+    if _is_number(value) and not is_finite(value):
+        return str(value)
+    return "" if value is None else value

@@ -264,3 +264,28 @@ def test_csv_cells_that_a_spreadsheet_would_run_start_with_a_quote(tmp_path: Pat
     assert set(rows) == {"'=HYPERLINK(\"x\")", "'+SUM(1,2)"}
     assert rows["'=HYPERLINK(\"x\")"]["val/top1"] == "-3.0"  # a negative number is no formula: as it was
     assert rows["'+SUM(1,2)"]["note"].startswith("'@boom"), rows
+
+
+def test_non_finite_values_never_win(tmp_path: Path) -> None:
+    """results.json's Infinity and NaN (json reads them back as floats) and a NaN evaluation in metrics.jsonl: never
+    the best run, never a run's best evaluation; in the CSV they are text, -inf quoted like any formula."""
+    make_run(tmp_path / "inf", results=done(50.0, **{"best/val/top1": float("inf")}))
+    make_run(tmp_path / "nan", results=done(50.0, **{"best/val/top1": float("nan")}))
+    make_run(tmp_path / "neg", results=done(float("-inf"), **{"best/val/top1": 10.0}))
+    make_run(tmp_path / "running", metrics=[{"step": 5, "epoch": 1, "val/top1": float("nan")},
+                                            {"step": 10, "epoch": 2, "val/top1": 40.0}])
+    rows = by_run(csv_rows(tmp_path))
+    assert [k for k, r in rows.items() if r["best"] == "1"] == ["running"]
+    assert float(rows["running"]["best/val/top1"]) == 40.0  # the NaN evaluation was no best
+    assert rows["neg"]["val/top1"] == "'-inf" and rows["inf"]["best/val/top1"] == "inf"
+    order = [r["run"] for r in csv_rows(tmp_path)]
+    assert order[:2] == ["running", "neg"] and set(order[2:]) == {"inf", "nan"}  # finite values first
+
+
+def test_a_tie_goes_to_the_first_folder_whatever_the_order(tmp_path: Path) -> None:
+    """Equal best/val/top1: the star goes to the folder whose name comes first, numbers compared as numbers
+    (run_2 before run_10), in every order the table is printed in."""
+    for name, wall in (("run_10", 1.0), ("run_2", 2.0), ("run_3", 3.0)):
+        make_run(tmp_path / name, results=done(70.0 if name != "run_3" else 60.0, wall_s=wall))
+    for args in ((), ("--asc",), ("--sort", "wall_s"), ("--sort", "wall_s", "--asc"), ("--sort", "run")):
+        assert [r["run"] for r in csv_rows(tmp_path, *args) if r["best"] == "1"] == ["run_2"], args
