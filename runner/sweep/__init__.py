@@ -1,12 +1,14 @@
-"""Sweeps and searches: a sweep file (cfg, set, grid, points, root, search) becomes checked points, or an ASHA
-search over an Optuna study, run by the launchers in tools/sweeps/.
+"""Sweeps and searches: a sweep file (cfg, set, grid, points, root, search) becomes checked points, or a
+search (ASHA or Hyperband) over an Optuna study, run by the launchers in tools/sweeps/.
 
 Modules, imports running one way (each imports only those above it):
     spec     the sweep file, read and checked like a config file (yaml.safe_load, file:line in messages)
     points   the crossing, stable folder names, train.py's arguments; every point's config built once
     summary  the table of a folder of runs (tools/summarize.py): the rundir reader over each run
-    search   `search:`: the space, metric, mode, sampler, ASHA rungs, checked against the config
-    asha     the scheduler (promotions from the top rung down, new trials, repechage of paused trials)
+    asha     ASHA (promotions from the top rung down, new trials, repechage of paused trials)
+    hyperband  asynchronous Hyperband: brackets that start at each rung, ASHA within each
+    schedulers the table of schedulers (`search: scheduler:`): name -> module, `register`
+    search   `search:`: the space, metric, mode, sampler, rungs, scheduler, checked against the config
     study    the Optuna study in ROOT/study.journal (the file journal: no server)
     worker   one worker: take a job under ROOT's lock, train it with --pause-after-epoch, report its rung
     table, report  the trials' table and ROOT/report.html (self-contained)

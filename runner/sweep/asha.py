@@ -57,15 +57,24 @@ def promotable(trials: Sequence[FrozenTrial], rung_epochs: Sequence[int], k: int
             and not t.user_attrs.get(JOB)]
 
 
-def next_job(trials: Sequence[FrozenTrial], rung_epochs: Sequence[int], eta: int, maximize: bool, budget: int,
-             live: Callable[[FrozenTrial], bool]) -> Job | None:
-    """The next job (see the module's docstring); a job whose worker is gone (`live` False) comes first."""
+def owed(trials: Sequence[FrozenTrial], live: Callable[[FrozenTrial], bool],
+         first_rung: Callable[[int], int]) -> Job | None:
+    """A job a worker left (its worker gone: `live` False), or a trial asked whose worker died before marking it."""
     for trial in trials:
         job = trial.user_attrs.get(JOB)
         if trial.state == TrialState.RUNNING and job and not live(trial):
             return Job(trial.number, job["epoch"], "resume")
         if trial.state == TrialState.RUNNING and not job and not trial.intermediate_values:
-            return Job(trial.number, rung_epochs[0], "resume")  # asked, then its worker died before marking it
+            return Job(trial.number, first_rung(trial.number), "resume")
+    return None
+
+
+def next_job(trials: Sequence[FrozenTrial], rung_epochs: Sequence[int], eta: int, maximize: bool, budget: int,
+             live: Callable[[FrozenTrial], bool]) -> Job | None:
+    """The next job (see the module's docstring); a job whose worker is gone (`live` False) comes first."""
+    left = owed(trials, live, lambda number: rung_epochs[0])
+    if left is not None:
+        return left
     for k in reversed(range(len(rung_epochs) - 1)):
         found = promotable(trials, rung_epochs, k, eta, maximize)
         if found:
@@ -78,3 +87,32 @@ def next_job(trials: Sequence[FrozenTrial], rung_epochs: Sequence[int], eta: int
 def busy(trials: Sequence[FrozenTrial], live: Callable[[FrozenTrial], bool]) -> bool:
     """True while some worker trains a trial (it may still reach a rung and make a promotion due)."""
     return any(t.state == TrialState.RUNNING and t.user_attrs.get(JOB) and live(t) for t in trials)
+
+
+@dataclass(frozen=True)
+class Asha:
+    """ASHA as a scheduler (runner.sweep.schedulers): one bracket, every trial from the first rung."""
+
+    rungs: tuple[int, ...]
+    eta: int
+    maximize: bool
+    budget: int
+
+    def next_job(self, trials: Sequence[FrozenTrial], live: Callable[[FrozenTrial], bool]) -> Job | None:
+        """next_job over this study's rungs."""
+        return next_job(trials, self.rungs, self.eta, self.maximize, self.budget, live)
+
+    def first_rung(self, number: int) -> int:
+        """Every trial starts at the first rung."""
+        return self.rungs[0]
+
+    def least_trials(self) -> int:
+        """The fewest trials of which one is sure to reach the last rung."""
+        # rung k promotes the top len(board) // eta: in the worst order of values rung k gets trials // eta**k
+        # trials (fewer than eta never promote at all; between, it depends on the order the values arrive in)
+        return self.eta ** (len(self.rungs) - 1)
+
+
+def build(rungs: tuple[int, ...], eta: int, maximize: bool, budget: int) -> Asha:
+    """The scheduler for `search: scheduler: asha` (the default)."""
+    return Asha(tuple(rungs), eta, maximize, budget)

@@ -31,9 +31,10 @@ from runner.config.schema import ABSENT, coerce_value, inline_yaml, lookup
 from runner.errors import UserError, one_line
 from runner.sweep.asha import rungs as rung_list
 from runner.sweep.points import train_argv
+from runner.sweep.schedulers import SCHEDULERS, build
 from runner.sweep.spec import Sweep, Value, read_sweep, token_for
 
-KEYS = ("metric", "mode", "trials", "sampler", "seed", "space", "asha")
+KEYS = ("metric", "mode", "trials", "sampler", "seed", "space", "asha", "scheduler")
 # what the Evaluator logs at each evaluation (runner/engine/evaluation.py) and the direction that is better
 METRICS = {"val/top1": "max", "val/top5": "max", "val/loss": "min"}
 EMA_METRICS = {"val_ema/top1": "max", "val_ema/top5": "max"}  # only with TRAIN.EMA true
@@ -77,6 +78,7 @@ class Search:
     min_epochs: int
     rungs: tuple[int, ...]
     base: dict[str, str]  # the config every trial shares (key -> YAML text), minus the keys a resume may change
+    scheduler: str = "asha"  # runner.sweep.schedulers' name
 
     @property
     def maximize(self) -> bool:
@@ -95,6 +97,8 @@ class Search:
     def settings(self) -> dict[str, str]:
         """What a study must keep to be continued (stored as its user attrs): flat name -> text."""
         out = {"metric": self.metric, "mode": self.mode, "rungs": inline_yaml(list(self.rungs))}
+        if self.scheduler != "asha":  # absent in the studies made before there was a choice
+            out["scheduler"] = self.scheduler
         out.update({f"space {k}": d.text() for k, d in self.space.items()})
         out.update({f"config {k}": v for k, v in self.base.items()})
         return out
@@ -113,10 +117,11 @@ def load_search(path: str, extra: list[str] | tuple[str, ...] = (), root: str | 
     eta, min_epochs, rungs = _asha(sweep, raw.get("asha"), base)
     sampler = _choice(sweep, "sampler", raw.get("sampler", "tpe"), SAMPLERS)
     trials = _trials(sweep, raw.get("trials"), sampler, space)
-    _check_reach(sweep, trials, eta, rungs)
+    scheduler = _choice(sweep, "scheduler", raw.get("scheduler", "asha"), tuple(SCHEDULERS))
+    _check_reach(sweep, trials, eta, rungs, build(scheduler, rungs, eta, mode == "max", trials).least_trials())
     seed = _seed(sweep, raw.get("seed"))
     search = Search(sweep, extra, root, metric, mode, trials, sampler, seed, space, eta, min_epochs, rungs,
-                    _shared(base))
+                    _shared(base), scheduler)
     _check_ends(search)
     return search
 
@@ -290,12 +295,9 @@ def _trials(sweep: Sweep, raw: Any, sampler: str, space: dict[str, Dim]) -> int:
     return trials
 
 
-def _check_reach(sweep: Sweep, trials: int, eta: int, rungs: tuple[int, ...]) -> None:
-    """Refuse trials, eta and rungs with which a search may end with no trial at the last rung (the full length)."""
-    # ASHA promotes the top len(board) // eta of a rung (runner/sweep/asha.py): in the worst order of values rung k
-    # gets trials // eta**k trials, so one is sure to reach the last rung only from eta**(len(rungs) - 1) trials on
-    # (fewer than eta never promote at all; between, it depends on the order the values arrive in)
-    need = eta ** (len(rungs) - 1)
+def _check_reach(sweep: Sweep, trials: int, eta: int, rungs: tuple[int, ...], need: int) -> None:
+    """Refuse trials, eta and rungs with which a search may end with no trial at the last rung (the full length):
+    `need`, the fewest trials that are sure to (the scheduler's least_trials)."""
     if trials >= need:
         return
     fits = 0  # the most promotions the given trials allow
@@ -304,8 +306,8 @@ def _check_reach(sweep: Sweep, trials: int, eta: int, rungs: tuple[int, ...]) ->
     fewer = next(m for m in range(rungs[0], rungs[-1] + 1) if len(rung_list(m, eta, rungs[-1])) <= fits + 1)
     other = (f"asha: {{eta: {eta}, min_epochs: {fewer}}} (rungs {list(rung_list(fewer, eta, rungs[-1]))})"
              if fits else f"drop asha: (every trial trains to epoch {rungs[-1]})")
-    raise fail(sweep, f"trials {trials} may end with no trial at the full length: asha promotes the top 1/{eta} of "
-                      f"a rung, so one reaches epoch {rungs[-1]} (rungs {list(rungs)}) for sure only from {need} "
+    raise fail(sweep, f"trials {trials} may end with no trial at the full length: a rung promotes its top 1/{eta}, "
+                      f"so one reaches epoch {rungs[-1]} (rungs {list(rungs)}) for sure only from {need} "
                       f"trials on; give trials: {need}, or {other}")
 
 

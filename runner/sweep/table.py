@@ -7,7 +7,7 @@ One answer and one vocabulary for this table, ROOT/report.html and tools/summari
 - a trial's state is one of STATES: done, training, paused (waits at a rung while the search goes on: it may still be
   promoted), stopped (left at its rung: the search has nothing more to do, Optuna's PRUNED in studies settled by
   earlier versions), failed, to resume (its worker stopped: the next worker goes on with it), to start.
-  The table knows the budget (`trials`) and says stopped when no job is left (asha.next_job None, nobody training);
+  The table knows the budget (`trials`) and says stopped when no job is left (no next_job, nobody training);
   tools/summarize.py, which reads the study alone, says it when nothing of the study is training or owed.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from runner.rundir.layout import CONFIG, ENV
 from runner.sweep import asha
 from runner.sweep.search import TRIAL_PREFIX, Search
 from runner.sweep.summary import TrialView
-from runner.sweep.worker import live
+from runner.sweep.worker import live, scheduler_of
 
 STATES = ("done", "training", "paused", "stopped", "failed", "to resume", "to start")
 AGAIN = "_again"  # ROOT/trial_N_again: where the printed command trains trial N again
@@ -78,9 +78,8 @@ def trial_state(trial: FrozenTrial, rungs: Sequence[int], is_live: Callable[[Fro
 
 
 def ended_with_budget(search: Search, trials: Sequence[FrozenTrial], is_live: Callable[[FrozenTrial], bool]) -> bool:
-    """True when the search has nothing more to do: no job to hand out (asha.next_job), nobody training."""
-    return not asha.busy(trials, is_live) and asha.next_job(trials, search.rungs, search.eta, search.maximize,
-                                                           search.trials, is_live) is None
+    """True when the search has nothing more to do: no job to hand out (its scheduler's), nobody training."""
+    return not asha.busy(trials, is_live) and scheduler_of(search).next_job(trials, is_live) is None
 
 
 def idle(trials: Sequence[FrozenTrial]) -> bool:
