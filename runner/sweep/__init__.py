@@ -12,6 +12,7 @@ Modules, imports running one way (each imports only those above it):
     study    the Optuna study in ROOT/study.journal (the file journal: no server)
     worker   one worker: take a job under ROOT's lock, train it with --pause-after-epoch, report its rung
     table, report  the trials' table and ROOT/report.html (self-contained)
+    plan     `python -m runner.sweep plan`: rungs, trials per rung, epochs, nothing trained
     cli, __main__  `python -m runner.sweep points|root|search ...` for the launchers
 Nothing here imports torch.
 """

@@ -20,6 +20,10 @@ Read it in bash (4.4 or later) with
 
 root: prints the sweep's root folder and a newline (`root=$(python -m runner.sweep root "$FILE")`).
 
+    python -m runner.sweep grid [--root DIR] --cfg FILE --grid KEY V1,V2 [--grid KEY ...] [KEY VALUE ...]
+
+grid: writes the sweep file of a command-line grid into the sweep's root and prints its path (runner/sweep/grid.py).
+
     python -m runner.sweep search [--table | --no-table] FILE [KEY VALUE ...]
 
 search: runs ONE worker of the file's search: (runner/sweep/search.py) until the study in ROOT/study.journal is
@@ -27,6 +31,12 @@ done, then prints its table and the best trial's command and writes ROOT/report.
 machine or a cluster's shared file system) and they share the study. Exit 0 done, 75 stopped by a signal (its
 trial saved: run it again), 1 when every finished trial failed. --table: the table only (trains nothing);
 --no-table: the worker only.
+
+    python -m runner.sweep plan FILE [KEY VALUE ...]
+
+plan: the search checked as `search` checks it, then what it will do (runner/sweep/plan.py): its scheduler and
+rungs, how many trials reach each rung, about how many epochs it trains against its trials trained to the end.
+Nothing is trained or written.
 """
 from __future__ import annotations
 
@@ -38,7 +48,9 @@ from runner.sweep.points import Point, load_points
 from runner.sweep.spec import read_sweep
 
 USAGE = ("usage: python -m runner.sweep points [--no-paths] [--root DIR] FILE [KEY VALUE ...] | "
-         "python -m runner.sweep root FILE | python -m runner.sweep search [--table | --no-table] FILE [KEY VALUE ...]")
+         "python -m runner.sweep root FILE | "
+         "python -m runner.sweep search [--table | --no-table] FILE [KEY VALUE ...] | "
+         "python -m runner.sweep plan FILE [KEY VALUE ...]")
 
 
 def encode(points: Sequence[Point]) -> bytes:
@@ -80,6 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.pop(0) if args else ""
     if command == "root" and len(args) == 1:
         print(read_sweep(args[0]).root)
+    elif command == "grid":
+        from runner.sweep.grid import grid_command
+
+        print(grid_command(args))
+    elif command == "plan" and args and not args[0].startswith("-"):
+        from runner.sweep.plan import render_plan  # Optuna is imported by the search only
+        from runner.sweep.search import load_search
+
+        print(render_plan(load_search(args[0], args[1:])))
     elif command == "search":
         from runner.sweep.cli import search_command  # Optuna is imported by the search only
 

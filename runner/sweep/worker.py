@@ -270,6 +270,22 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def progress(search: Search, trials: list[FrozenTrial], job: asha.Job) -> str:
+    """One line after a segment: what the trial reached (its rank at that rung) and how far the study is."""
+    trial = trials[job.number]
+    value = trial.intermediate_values.get(job.epoch)
+    if trial.state == TrialState.FAIL:
+        what = f"failed ({trial.user_attrs.get('error', '')})"
+    elif value is None:
+        what = f"stopped before epoch {job.epoch} (it resumes)"
+    else:
+        board = asha.ranked(trials, job.epoch, search.maximize)
+        rank = [t.number for t in board].index(trial.number) + 1
+        what = f"{search.metric} {value:.4f} at epoch {job.epoch} ({rank} of {len(board)} there)"
+    done = sum(t.state == TrialState.COMPLETE for t in trials)
+    return f"search: trial {job.number}: {what}; {len(trials)} of {search.trials} trials started, {done} done"
+
+
 class StopRequest:
     """SIGTERM, SIGUSR1 or Ctrl-C: the worker takes no new job; SIGTERM and SIGUSR1 are passed to the trial."""
 
@@ -306,6 +322,7 @@ def run_worker(search: Search, poll_s: float = POLL_S, log=print) -> int:
         log(f"search: trial {job.number}: {job.why}, to epoch {job.epoch} ({search.trial_dir(job.number)})")
         code = train(search, trial, job.epoch, stop, log)
         finish(search, study, job, code, stop.requested)
+        log(progress(search, study.get_trials(deepcopy=False), job))
         if code in STOP_CODES or stop.requested:
             return EXIT_PREEMPTED
     return EXIT_PREEMPTED
