@@ -12,6 +12,7 @@ it and make it a damaged line, so it is cut before each append, under Optuna's o
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalFileSymlinkLock
+from optuna.trial import TrialState
 
 from runner.errors import UserError
 from runner.sweep.search import Search, fail, stored
@@ -76,7 +78,51 @@ def make_sampler(search: Search, number: int) -> BaseSampler:
                      if isinstance(d, IntDistribution)})
         return _Grid(grid, seed=search.seed)  # one order of the grid for every worker
     # constant_liar off: a trial waiting at a rung is RUNNING; the liar would count it as the worst value
-    return TPESampler(seed=seed, constant_liar=False)
+    return RungTPE(seed=seed, constant_liar=False)
+
+
+class RungTPE(TPESampler):
+    """Optuna's TPE that learns from the trials waiting at a rung, as it learns from pruned ones: each is seen as
+    PRUNED at its last reported rung (TPE ranks those by the rung reached, then the value there). Optuna's TPE
+    alone learns only from finished trials and starts after 10 of them, and a search's trials stay RUNNING at
+    their rungs until promoted, so it would draw like the random sampler for most of a study."""
+
+    def sample_relative(self, study, trial, search_space):
+        """TPE's, over the study as `_RungView` shows it."""
+        return super().sample_relative(_RungView(study), trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        """TPE's, over the study as `_RungView` shows it."""
+        return super().sample_independent(_RungView(study), trial, param_name, param_distribution)
+
+
+class _RungView:
+    """A study whose RUNNING trials with a rung value read as PRUNED there (copies: the journal is untouched)."""
+
+    def __init__(self, study: optuna.Study):
+        self._study = study
+
+    def __getattr__(self, name: str):
+        """Everything else is the study's."""
+        return getattr(self._study, name)
+
+    def _get_trials(self, deepcopy: bool = True, states=None, use_cache: bool = False) -> list:
+        """The study's trials, paused ones as PRUNED, filtered by `states` after that."""
+        trials = [_as_pruned(t) for t in self._study._get_trials(deepcopy=False, use_cache=use_cache)]
+        return [t for t in trials if states is None or t.state in states]
+
+    def get_trials(self, deepcopy: bool = True, states=None) -> list:
+        """As _get_trials."""
+        return self._get_trials(deepcopy, states)
+
+
+def _as_pruned(trial: optuna.trial.FrozenTrial) -> optuna.trial.FrozenTrial:
+    """A RUNNING trial that reported a rung value, as a PRUNED copy; any other trial as it is."""
+    if trial.state != TrialState.RUNNING or not trial.intermediate_values:
+        return trial
+    view = copy.copy(trial)
+    view.state = TrialState.PRUNED
+    return view
 
 
 class _Grid(GridSampler):
