@@ -3,12 +3,16 @@ steps per epoch are known before step 1), DATA.ROOT/class_map.json, and the URL 
 (DATA.SHARD_URL: a path, an http(s) URL or a `pipe:COMMAND`, opened by webdataset's gopen).
 
 Small reads only (webdataset is imported once a stream is opened): the source's check (shards/source.py) calls
-check_source before anything is written to OUTPUT_DIR.
+check_source before anything is written to OUTPUT_DIR. A fault that passes (5xx, a refused connection, no answer)
+is ridden out for DATA.RETRY_S here as in a shard's stream (Patience, ride_out), then the run stops as preempted
+(exit 75: the same command again once the server is back); a 404 or a damaged file is a UserError (exit 2).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
+import random
 import re
 import select as _select
 import shlex
@@ -19,7 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runner.errors import UserError
+from runner.errors import DataUnavailable, UserError
+
+log = logging.getLogger("runner")
 
 INDEX = "index.json"
 CLASS_MAP = "class_map.json"
@@ -149,26 +155,76 @@ def gopen_url(url: str, stall_s: float = STALL_S):
     return ShardPipe(url, stall_s)
 
 
-def fetch(url: str, retries: int = 3) -> bytes:
-    """The whole content of `url`, retried `retries` times; UserError naming it when it never comes."""
-    last = ""
-    for attempt in range(max(1, retries)):
-        if attempt:
-            time.sleep(0.2 * 2**attempt)
+class Patience:
+    """How long transient faults are retried (DATA.RETRY_S, with exponential backoff and jitter) and how many
+    tries other fetch failures get (DATA.SHARD_RETRIES)."""
+
+    BASE_S, MAX_S = 0.25, 15.0  # the first backoff and the longest
+
+    def __init__(self, retries: int, retry_s: float):
+        self.retries, self.retry_s = max(1, retries), retry_s
+
+    @property
+    def stall_s(self) -> float:
+        """A read that gets no byte for this long is a fault: the server hangs."""
+        return min(STALL_S, self.retry_s) if self.retry_s > 0 else STALL_S
+
+    def backoff(self, attempt: int, left: float) -> float:
+        """Seconds before try `attempt` + 1: doubling, full jitter (workers and ranks do not retry in step),
+        never past the time left."""
+        return min(left, random.SystemRandom().uniform(0.5, 1.0) * min(self.MAX_S, self.BASE_S * 2**attempt))
+
+
+def ride_out(what: str, reason: str, patience: Patience, since: float | None, attempt: int) -> float:
+    """A transient fault of `what` (a shard, an index): back off, then return when the outage began;
+    DataUnavailable once it has lasted DATA.RETRY_S."""
+    since = time.monotonic() if since is None else since
+    left = since + patience.retry_s - time.monotonic()
+    if left <= 0:
+        raise DataUnavailable(
+            f"{what} is unavailable: {reason}, for {time.monotonic() - since:.0f} s (DATA.RETRY_S "
+            f"{patience.retry_s:g}); stopped as preempted: rerun the same command to continue once the data "
+            "server is back") from None
+    if attempt == 0:
+        log.warning("%s: %s; retrying for up to DATA.RETRY_S %g s", what, reason, patience.retry_s)
+    time.sleep(patience.backoff(attempt, left))
+    return since
+
+
+def fetch(url: str, patience: Patience) -> bytes:
+    """The whole content of `url`: a transient fault (5xx, refused, no answer) ridden out for DATA.RETRY_S, then
+    DataUnavailable (exit 75, as a shard's in training); other failures tried DATA.SHARD_RETRIES times, then a
+    UserError naming it."""
+    tries, attempt, since = 0, 0, None
+    while True:
         try:
-            if not is_remote(url) and not url.startswith("pipe:"):
-                with open(url, "rb") as f:  # a missing local file is not worth retrying
-                    return f.read()
-            stream = ShardPipe(url, MAX_FETCH_S)
-            try:
-                return stream.read()
-            finally:
-                stream.close()
-        except FileNotFoundError as e:
+            return _read_all(url, min(MAX_FETCH_S, patience.stall_s))
+        except FileNotFoundError as e:  # a missing local file is not worth retrying
             raise UserError(f"{url} does not exist ({e.strerror})") from None
+        except Fault as e:
+            if e.transient:
+                since = ride_out(url, e.reason, patience, since, attempt)
+                attempt += 1
+                continue
+            last = e.reason
         except (OSError, ValueError) as e:
             last = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    raise UserError(f"{url} cannot be fetched after {max(1, retries)} tries ({last})")
+        tries += 1
+        if tries >= patience.retries:
+            raise UserError(f"{url} cannot be fetched after {tries} tries ({last})")
+        time.sleep(0.2 * 2**tries)
+
+
+def _read_all(url: str, stall_s: float) -> bytes:
+    """One read of the whole of `url` (a local path, an http(s) URL or a pipe: command)."""
+    if not is_remote(url) and not url.startswith("pipe:"):
+        with open(url, "rb") as f:
+            return f.read()
+    stream = ShardPipe(url, stall_s)
+    try:
+        return stream.read()
+    finally:
+        stream.close()
 
 
 def check_name(name: str, what: str, where: str) -> None:
@@ -194,9 +250,14 @@ def split_url(root: str, split: str, name: str) -> str:
     return f"{root.rstrip('/')}/{split}/{name}"
 
 
-def read_json(url: str, what: str, retries: int) -> Any:
+def patience_of(cfg: Any) -> Patience:
+    """DATA.SHARD_RETRIES and DATA.RETRY_S: how the index, the class map and the shards are retried."""
+    return Patience(cfg.DATA.SHARD_RETRIES, cfg.DATA.RETRY_S)
+
+
+def read_json(url: str, what: str, patience: Patience) -> Any:
     """A small JSON file of the shard layout; UserError naming it when missing or malformed."""
-    raw = fetch(url, retries)
+    raw = fetch(url, patience)
     try:
         return json.loads(raw)
     except ValueError as e:
@@ -206,7 +267,7 @@ def read_json(url: str, what: str, retries: int) -> Any:
 def read_classes(cfg: Any) -> list[str]:
     """Class names by index from DATA.ROOT/class_map.json ({"0": "cat", ...})."""
     url = f"{cfg.DATA.ROOT.rstrip('/')}/{CLASS_MAP}"
-    raw = read_json(url, "the class map", cfg.DATA.SHARD_RETRIES)
+    raw = read_json(url, "the class map", patience_of(cfg))
     try:
         return [str(raw[str(i)]) for i in range(len(raw))]
     except (KeyError, TypeError):
@@ -235,7 +296,7 @@ def read_index(cfg: Any, split: str) -> ShardSplit:
     """The split's shards from DATA.ROOT/split/index.json, located by DATA.SHARD_URL."""
     url = split_url(cfg.DATA.ROOT, split, INDEX)
     check_name(split, "split", url)
-    raw = read_json(url, "the index", cfg.DATA.SHARD_RETRIES)
+    raw = read_json(url, "the index", patience_of(cfg))
     try:
         pairs = [(str(name), int(count)) for name, count in raw["shards"]]
     except (KeyError, TypeError, ValueError):

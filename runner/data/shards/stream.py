@@ -24,10 +24,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from runner.data.folder import DECODE_ERRORS
 from runner.data.loaders import epoch_seed, iter_workers, rank_sequence, train_batches
-from runner.data.shards.index import STALL_S, Fault, ShardPipe, ShardSplit, gopen_url
+from runner.data.shards.index import Fault, Patience, ShardPipe, ShardSplit, gopen_url, ride_out
 from runner.data.shards.order import EpochPlan
 from runner.distributed import Dist
-from runner.errors import DataUnavailable, UserError
+from runner.errors import UserError
 
 log = logging.getLogger("runner")
 
@@ -60,42 +60,6 @@ def _members(url: str, stall_s: float) -> Iterator[Sample]:
             raise failure
     finally:
         stream.close()
-
-
-class Patience:
-    """How long transient faults are retried (DATA.RETRY_S, with exponential backoff and jitter) and how many
-    tries other fetch failures get (DATA.SHARD_RETRIES)."""
-
-    BASE_S, MAX_S = 0.25, 15.0  # the first backoff and the longest
-
-    def __init__(self, retries: int, retry_s: float):
-        self.retries, self.retry_s = max(1, retries), retry_s
-
-    @property
-    def stall_s(self) -> float:
-        """A read that gets no byte for this long is a fault: the server hangs."""
-        return min(STALL_S, self.retry_s) if self.retry_s > 0 else STALL_S
-
-    def backoff(self, attempt: int, left: float) -> float:
-        """Seconds before try `attempt` + 1: doubling, full jitter (workers and ranks do not retry in step),
-        never past the time left."""
-        return min(left, random.SystemRandom().uniform(0.5, 1.0) * min(self.MAX_S, self.BASE_S * 2**attempt))
-
-
-def _ride_out(url: str, reason: str, patience: Patience, since: float | None, attempt: int) -> float:
-    """A transient fault: back off, then return when the outage began; DataUnavailable once it has lasted
-    DATA.RETRY_S."""
-    since = time.monotonic() if since is None else since
-    left = since + patience.retry_s - time.monotonic()
-    if left <= 0:
-        raise DataUnavailable(
-            f"shard {url} is unavailable: {reason}, for {time.monotonic() - since:.0f} s (DATA.RETRY_S "
-            f"{patience.retry_s:g}); stopped as preempted: rerun the same command to continue once the data "
-            "server is back") from None
-    if attempt == 0:
-        log.warning("shard %s: %s; retrying for up to DATA.RETRY_S %g s", url, reason, patience.retry_s)
-    time.sleep(patience.backoff(attempt, left))
-    return since
 
 
 def read_shard(url: str, first: int, end: int, patience: Patience, count: int | None = None) -> Iterator[Sample]:
@@ -140,7 +104,7 @@ def read_shard(url: str, first: int, end: int, patience: Patience, count: int | 
                     raise UserError(f"shard {url} cannot be read after {tries} tries ({e.reason})") from None
                 time.sleep(0.2 * 2**tries)
                 continue
-            since = _ride_out(url, e.reason, patience, since, attempt)
+            since = ride_out(f"shard {url}", e.reason, patience, since, attempt)
             attempt += 1
         except (OSError, ValueError, EOFError) as e:
             tries += 1
