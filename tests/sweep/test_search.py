@@ -162,7 +162,7 @@ def test_mistakes_in_the_file_and_the_command_line(tmp_path):
 
 
 def test_reading_a_search_imports_no_torch(tmp_path):
-    path = search_file(tmp_path, "trials: 2\nasha: {eta: 3, min_epochs: 1}\n")
+    path = search_file(tmp_path, "trials: 3\nasha: {eta: 3, min_epochs: 1}\n")
     code = ("import sys; from runner.sweep import cli, report; from runner.sweep.search import load_search; "
             f"load_search({str(path)!r}); print('torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -263,12 +263,13 @@ def test_a_job_whose_worker_is_gone_is_resumed_first(tmp_path):
 
 
 def test_done_when_full_and_nothing_promotable(tmp_path):
-    search, study = make_study(tmp_path, trials=2)
-    numbers = record(search, study, [{1: 10.0}, {1: 20.0}])
+    search, study = make_study(tmp_path, trials=3, epochs=3)  # rungs 1, 3: 3 trials bring one to the end
+    record(search, study, [{1: 10.0}, {1: 20.0, 3: 25.0}, {1: 5.0}])
+    study.tell(1, 25.0)  # the top third of rung 1 (trial 1) trained to the end
     assert job(search, study) is None
     assert not asha.busy(study.get_trials(), lambda t: worker.live(search, t))
     # nothing closes them: a trial waiting at a rung can still be promoted if `trials` is raised
-    assert [t.state for t in study.get_trials()] == [TrialState.RUNNING] * len(numbers)
+    assert [t.state for t in study.get_trials()] == [TrialState.RUNNING, TrialState.COMPLETE, TrialState.RUNNING]
 
 
 TAKER = """
@@ -362,22 +363,22 @@ def test_worker_runs_the_study_and_a_rerun_trains_nothing(tmp_path, fake):
 
 
 def test_more_trials_continue_the_study(tmp_path, fake):
-    search = fake_search(tmp_path, trials=2)
+    search = fake_search(tmp_path, trials=3)
     assert worker.run_worker(search, poll_s=0.1, log=lambda s: None) == 0
     more = fake_search(tmp_path, trials=5)
     assert worker.run_worker(more, poll_s=0.1, log=lambda s: None) == 0
     study = open_study(more, create=False)
-    assert len(study.trials) == 5  # trials counts the study's trials: 3 more, not 5 more
+    assert len(study.trials) == 5  # trials counts the study's trials: 2 more, not 5 more
 
 
 def test_a_changed_space_or_metric_is_refused(tmp_path, fake):
-    search = fake_search(tmp_path, trials=1)
+    search = fake_search(tmp_path, trials=3)
     with worker.locked(search.root):
         open_study(search)
-    changed = fake_search(tmp_path, trials=1, space="    TRAIN.LR: {log: [1.0e-3, 1.0]}\n")
+    changed = fake_search(tmp_path, trials=3, space="    TRAIN.LR: {log: [1.0e-3, 1.0]}\n")
     with pytest.raises(UserError, match=r"made with space TRAIN.LR: log \[0.0001, 1.0\], now log \[0.001, 1.0\]"):
         open_study(changed)
-    metric = load_search(str(search_file(tmp_path, "trials: 1\nmetric: val/loss\nseed: 0\n"
+    metric = load_search(str(search_file(tmp_path, "trials: 3\nmetric: val/loss\nseed: 0\n"
                                                    "asha: {eta: 3, min_epochs: 1}\n")))
     with pytest.raises(UserError, match="made with metric: val/top1, now val/loss") as e:
         open_study(metric)
@@ -385,7 +386,7 @@ def test_a_changed_space_or_metric_is_refused(tmp_path, fake):
 
 
 def test_a_preempted_worker_leaves_its_trial_to_the_next(tmp_path, fake):
-    search = fake_search(tmp_path, trials=2)
+    search = fake_search(tmp_path, trials=3)
     fake.setenv("FAKE_EXIT", "75:1")
     assert worker.run_worker(search, poll_s=0.1, log=lambda s: None) == 75
     study = open_study(search, create=False)
@@ -395,7 +396,8 @@ def test_a_preempted_worker_leaves_its_trial_to_the_next(tmp_path, fake):
     assert calls(Path(search.root))["trial_0"][0] == "1-1"  # the next worker trained it, once
     # the trial's log holds every segment, each after its own header (issue 46, item 12: appended, never truncated)
     headers = [x for x in (Path(search.root) / "logs" / "trial_0.log").read_text().splitlines() if x.startswith("===")]
-    assert len(headers) == 2 and all(" start trial 0 to epoch 1, worker " in h for h in headers), headers
+    to = [h.split(" to epoch ")[1].split(",")[0] for h in headers]
+    assert to[:2] == ["1", "1"] and to[2:] in ([], ["3"]), headers  # a promotion to epoch 3 adds its own segment
 
 
 def test_a_failed_trial_is_told_fail_and_shown(tmp_path, fake):
