@@ -54,14 +54,23 @@ point_done() {  # I: true when point I's folder is a done run, as runner.rundir'
   SKIPPED=$((SKIPPED + 1))
 }
 
+point_busy() {  # NAME RC: true when point NAME ended refused because another job holds its folder's run lock
+  # train.py refuses a folder in use with exit 2 (torchrun reports a worker's 2 as 1), as slurm_helper.py's
+  # "busy"; the folder's lock, still held by the other job (or its run done since), tells it from a mistake
+  local dir=${DIR_OF[$1]:-} word
+  [[ -n $dir ]] && { ((${2} == 2)) || { [[ -n ${NPROC:-} ]] && ((${2} == 1)); }; } || return 1
+  word=$("$PY" -m runner.rundir state "$dir" 2>/dev/null) || return 1
+  [[ $word == running || $word == done ]]
+}
+
 sweep_init() {  # SLOTS: checks JOBS, makes ROOT; the slots' bookkeeping and the stop trap
   need_count JOBS "$1"
   NSLOTS=$JOBS
   # the points running side by side share this machine's cores, as torchrun's local ranks do (runner/threads.py)
   ((NSLOTS == 1)) || export RUNNER_CPU_SHARE=${RUNNER_CPU_SHARE:-$NSLOTS}
   mkdir -p -- "$ROOT" 2>/dev/null || sweep_fail "the sweep's root $ROOT cannot be made a folder; give a folder path"
-  SLOT=0 STOP=0 SKIPPED=0 SLOT_PID=() FAILED=() STOPPED=()
-  declare -gA NAME_OF=()
+  SLOT=0 STOP=0 SKIPPED=0 SLOT_PID=() FAILED=() STOPPED=() BUSY=()
+  declare -gA NAME_OF=() DIR_OF=()  # DIR_OF: a point's folder (point_busy), set by the launcher before slot_run
   trap sweep_stop INT TERM
   echo "sweep: $ROOT, $NSLOTS ${UNIT:-point}(s) at a time"
 }
@@ -92,6 +101,9 @@ reap_one() {  # wait for one running point to end; record it when it failed or s
   elif ((rc == 75)); then  # saved and stopped (SIGTERM/USR1, TRAIN.TIME_LIMIT): not a failure, a re-run continues it
     STOPPED+=("$name")
     echo "sweep: $name stopped with exit code 75 (its state is saved; re-run the same command to continue it)" >&2
+  elif point_busy "$name" "$rc"; then  # another job (a second run.sh, a SLURM task) trains it: not a failure
+    BUSY+=("$name")
+    echo "sweep: $name is busy: another job holds ${DIR_OF[$name]} (skipped; that job trains it)"
   else
     FAILED+=("$name (exit code $rc)")
     echo "sweep: $name failed with exit code $rc" >&2
@@ -128,11 +140,17 @@ slot_run() {  # NAME CMD...: run CMD in the background in slot SLOT (nothing onc
 }
 
 sweep_end() {  # TABLE_CMD...: wait for the running points, print the table; exit 1 when some failed, 75 stopped
+  # (busy points, which another job trains, are said and skipped: 0 when nothing else failed or stopped)
   while busy; do reap_one; done
   "$@" || true
   if ((SKIPPED)); then
     echo "sweep: $SKIPPED finished point(s) skipped without starting Python; after raising TRAIN.EPOCHS or" \
       "TRAIN.MAX_STEPS, re-run with SWEEP_RECHECK=1 so that train.py extends them"
+  fi
+  if ((${#BUSY[@]})); then
+    echo "sweep: ${#BUSY[@]} point(s) busy, skipped: another job held their folder (re-run the same command after" \
+      "it ends to check them):"
+    printf '  %s\n' "${BUSY[@]}"
   fi
   if ((STOP)); then
     echo "sweep: stopped; re-run the same command to continue" >&2

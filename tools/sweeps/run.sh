@@ -11,6 +11,8 @@
 # A file with search: instead runs JOBS workers of `python -m runner.sweep search --no-table FILE` (one GPU each
 # where there are GPUs; their lines in ROOT/logs/worker_<k>.log when JOBS is above 1) until the study is done, then
 # prints its table (python -m runner.sweep search --table FILE). Mistakes: one line, exit 2, before anything runs.
+# A point whose folder another job holds (a second run.sh on the same file, a SLURM task) is busy: said, skipped,
+# and not a failure. Exit: 0 done (busy points included), 1 some point failed, 75 some point stopped (saved).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -63,6 +65,7 @@ run_points() {  # ARGS...: every point not done, JOBS at once (under torchrun wi
     name=${NAMES[i]}
     point_done "$i" && continue
     slot_wait
+    DIR_OF[$name]=${DIRS[i]}
     device_env "$nproc"
     point_cmd "$i"
     if [[ -z ${NPROC:-} ]]; then
