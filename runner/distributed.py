@@ -92,7 +92,43 @@ def setup(cfg) -> Dist:
         kwargs.update(store=store, rank=rank, world_size=world)
         _await_ranks(store, rank, world, cfg.DIST.TIMEOUT_S)
     tdist.init_process_group(backend, timeout=timeout, **kwargs)
+    check_same_config(cfg, rank)
     return Dist(rank, world, local, device)
+
+
+def check_same_config(cfg, rank: int) -> None:
+    """Stop the job (one line, from rank 0) when a rank's config differs from rank 0's: ${env:...} read apart."""
+    import hashlib
+
+    from runner.config import dump_config
+
+    text = dump_config(cfg)
+    digests = [None] * tdist.get_world_size()
+    tdist.all_gather_object(digests, hashlib.sha256(text.encode()).hexdigest())
+    odd = [r for r, d in enumerate(digests) if d != digests[0]]
+    if not odd:
+        return
+    store = job_store()
+    if rank == odd[0]:
+        store.set("runner/config_of_odd_rank", text)
+    detail = f" ({_config_diff(text, store.get('runner/config_of_odd_rank').decode(), odd[0])})" if rank == 0 else ""
+    more = f", and so did rank(s) {', '.join(map(str, odd[1:]))}" if odd[1:] else ""
+    error = UserError(f"rank {odd[0]} resolved the config differently from rank 0{detail}{more}: each process reads "
+                      "the files and ${env:...} itself; give every process the same environment and files")
+    error.relayed = rank != 0  # rank 0 says it once
+    raise error
+
+
+def _config_diff(ours: str, theirs: str, odd: int) -> str:
+    """'KEY: a on rank 0, b on rank N' for each key that differs between two dumped configs."""
+    import yaml
+
+    from runner.config import flatten
+
+    a, b = flatten(yaml.safe_load(ours) or {}), flatten(yaml.safe_load(theirs) or {})
+    keys = [k for k in {**a, **b} if a.get(k) != b.get(k)]
+    return "; ".join(f"{k}: {a.get(k)!r} on rank 0, {b.get(k)!r} on rank {odd}" for k in keys[:3]) + (
+        f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
 def _await_ranks(store, rank: int, world: int, seconds: float) -> None:

@@ -16,6 +16,7 @@ from yacs.config import CfgNode as CN
 
 from runner.config.defaults import _C, get_default_config
 from runner.config.imports import import_user_code
+from runner.config.interp import escape, has_expression, unescape
 from runner.config.schema import (
     ABSENT,
     RESUME_SAFE_KEYS,
@@ -69,8 +70,8 @@ def changed_from_defaults(cfg: CN, keep_output_dir: bool = False) -> dict[str, A
 
 
 def _to_dict(cfg: CN) -> dict[str, Any]:
-    """Nested plain dicts with tuples as lists, ready for yaml.safe_dump."""
-    return {k: _to_dict(v) if isinstance(v, CN) else list(v) if isinstance(v, tuple) else v
+    """Nested plain dicts with tuples as lists, ready for yaml.safe_dump; a literal ${ as $${ (read back as ${)."""
+    return {k: _to_dict(v) if isinstance(v, CN) else escape(list(v) if isinstance(v, tuple) else v)
             for k, v in cfg.items()}
 
 
@@ -253,9 +254,14 @@ def _node_kind(node: yaml.Node) -> str:
 
 
 def apply_entries(cfg: CN, entries: list[Entry], provenance: dict[str, str],
-                  history: dict[str, list[tuple[Any, str]]] | None = None) -> None:
+                  history: dict[str, list[tuple[Any, str]]] | None = None,
+                  pending: dict[str, Entry] | None = None) -> None:
     """Set each entry on `cfg` (coerced to the default's type), recording where it came from (and, given a
-    history, every value it had)."""
+    history, every value it had).
+
+    Given `pending`, an entry with ${...} in it waits there (its last one per key) for runner.config.interp;
+    without, the values are a stored config's: resolved already, $${ read back as ${.
+    """
     for e in entries:
         default = lookup(e.key)
         if default is ABSENT:
@@ -265,8 +271,15 @@ def apply_entries(cfg: CN, entries: list[Entry], provenance: dict[str, str],
                 continue
             raise UserError(f"{e.key} is a section, not a value ({_where(e)}): give a mapping of its keys, "
                             f"e.g. {e.key}.{next(iter(default))}")
-        value = coerce_value(e.key, e.value, default, e.raw, _where(e))
-        set_value(cfg, e.key, value)
+        if pending is not None and has_expression(e.value):
+            pending[e.key], value = e, e.value  # resolved once every file and override is in
+        else:
+            if pending is not None:
+                pending.pop(e.key, None)
+            else:
+                e.value = unescape(e.value)
+            value = coerce_value(e.key, e.value, default, e.raw, _where(e))
+            set_value(cfg, e.key, value)
         provenance[e.key] = e.source
         if history is not None:
             history.setdefault(e.key, []).append((value, e.source))
@@ -361,7 +374,7 @@ def help_keys_text(prefix: str = "") -> str:
 # ---------------------------------------------------------------------------------------------------------
 def default_output_dir(files: list[str], overrides: list[tuple[str, Any]], cwd: str | None = None) -> str:
     """output/<config label>[-<tag from the overrides>]; the same arguments in the same folder give the same one."""
-    stem = _config_label(files, cwd or os.getcwd())
+    stem = config_label(files, cwd or os.getcwd())
     # a repeated key: the last value wins. The run's length is resume-safe (a preempted run may be given more
     # epochs) but names the folder, so that an epochs ablation gets one run per value
     latest = {k: v for k, v in overrides if k not in RESUME_SAFE_KEYS or k in RUN_LENGTH_KEYS}
@@ -378,7 +391,7 @@ def default_output_dir(files: list[str], overrides: list[tuple[str, Any]], cwd: 
     return os.path.join("output", f"{stem}-{tag}")
 
 
-def _config_label(files: list[str], cwd: str) -> str:
+def config_label(files: list[str], cwd: str) -> str:
     """digits/resnet18 for configs/digits/resnet18.yaml; name-<hash of the path> for a file outside configs/;
     several files: the first label, '__', the other names and a hash of every path."""
     if not files:

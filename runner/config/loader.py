@@ -12,11 +12,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 from yacs.config import CfgNode as CN
 
 from runner.config.defaults import _C, get_default_config
 from runner.config.imports import import_user_code
+from runner.config.interp import STORED_CONFIG, Resolved, resolve, unescape, yaml_scalar
 from runner.config.io import (
     Entry,
     apply_entries,
@@ -29,7 +29,16 @@ from runner.config.io import (
     parse_yaml,
     suggest_key,
 )
-from runner.config.schema import COMMAND_LINE, expand_paths, get_value, inline_yaml, lookup, validate
+from runner.config.schema import (
+    COMMAND_LINE,
+    coerce_value,
+    expand_paths,
+    get_value,
+    inline_yaml,
+    lookup,
+    set_value,
+    validate,
+)
 from runner.errors import UserError, argument_error
 
 # ---------------------------------------------------------------------------------------------------------
@@ -47,6 +56,7 @@ class ConfigInfo:
     overrides: list[tuple[str, Any]]  # (key, coerced value), in command-line order
     provenance: dict[str, str] = field(default_factory=dict)  # key -> "file:line" or "command line"
     history: dict[str, list[tuple[Any, str]]] = field(default_factory=dict)  # key -> every (value, source)
+    resolved: Resolved = field(default_factory=Resolved)  # ${...}: expressions, environment read, stored values
 
     @property
     def showing(self) -> bool:
@@ -62,6 +72,7 @@ class ConfigInfo:
     def explain_text(self, cfg: CN) -> str:
         """The text --explain shows: every non-default value and what set it."""
         changed = changed_from_defaults(cfg, keep_output_dir=True)
+        changed.update({k: get_value(cfg, k) for k in self.resolved.expressions if k not in changed})
         if not changed:
             return "# every key has its default value\n"
         rows = [(k, inline_yaml(v), self._explain_source(k)) for k, v in changed.items()]
@@ -73,6 +84,11 @@ class ConfigInfo:
     def _explain_source(self, key: str) -> str:
         """Where `key` got its final value, with any earlier values it replaced."""
         src = self.provenance.get(key, "default")
+        if key in self.resolved.expressions:
+            src += f": {inline_yaml(self.resolved.expressions[key][0])}"
+        if key in self.resolved.kept:
+            src += (f" (${{env:...}} kept from {self.resolved.kept[key]}: a stored run never resolves again; "
+                    "now it would read " + ", ".join(self.resolved.env_keys[key]) + ")")
         earlier = self.history.get(key, [])[:-1]
         if earlier:
             src += "  (replaced " + ", ".join(f"{inline_yaml(v)} from {s}" for v, s in earlier) + ")"
@@ -120,21 +136,56 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
     pairs = _pair_overrides(rest, options)
     cfg = get_default_config()
     info = ConfigInfo(args=args, files=[os.path.expanduser(p) for p in args.cfg], overrides=[])
-    for path in info.files:
-        apply_entries(cfg, _file_entries(path, ()), info.provenance, info.history)
-    for key, token in pairs:
-        value = yaml_scalar(token)
-        apply_entries(cfg, [Entry(key, value, token, COMMAND_LINE)], info.provenance, info.history)
-        info.overrides.append((key, get_value(cfg, key)))
+    _merge(cfg, info, pairs)
     if not cfg.OUTPUT_DIR:
         cfg.OUTPUT_DIR = default_output_dir(info.files, info.overrides)
         info.provenance["OUTPUT_DIR"] = "derived from the --cfg file path and the overrides"
     expand_paths(cfg)
+    _keep_stored(cfg, info)
     # the user's modules register models, sources, sinks and schedules that validation must know
     import_user_code(cfg.IMPORTS, info.provenance.get("IMPORTS", "default"))
     validate(cfg, info.provenance, check_files=check_paths and not info.showing)
     cfg.freeze()
     return cfg, info
+
+
+def _merge(cfg: CN, info: ConfigInfo, pairs: list[tuple[str, str]]) -> None:
+    """Files then overrides onto `cfg`, then every ${...} resolved (runner.config.interp); info records it all."""
+    pending: dict[str, Entry] = {}
+    for path in info.files:
+        apply_entries(cfg, _file_entries(path, ()), info.provenance, info.history, pending)
+    for key, token in pairs:
+        apply_entries(cfg, [Entry(key, yaml_scalar(token), token, COMMAND_LINE)], info.provenance, info.history,
+                      pending)
+        info.overrides.append((key, get_value(cfg, key)))
+    expand_paths(cfg)  # a reference to DATA.ROOT reads it as it is used: "~" expanded
+    info.resolved = resolve(cfg, pending, suggest_key)
+    for key in info.resolved.expressions:
+        info.history[key][-1] = (get_value(cfg, key), info.history[key][-1][1])
+    # an override's own value, as written or resolved (default_output_dir names the folder after the last one)
+    info.overrides = [(k, get_value(cfg, k) if k in pending and i == _last(pairs, k) else v)
+                      for i, (k, v) in enumerate(info.overrides)]
+
+
+def _last(pairs: list[tuple[str, str]], key: str) -> int:
+    """The index of `key`'s last override."""
+    return max(i for i, (k, _) in enumerate(pairs) if k == key)
+
+
+def _keep_stored(cfg: CN, info: ConfigInfo) -> None:
+    """The keys that read the environment take the values of the run already in OUTPUT_DIR (its config.yaml)."""
+    path = os.path.join(cfg.OUTPUT_DIR, STORED_CONFIG)
+    if not info.resolved.env_keys or not os.path.isfile(path):
+        return
+    try:
+        stored = {e.key: e for e in parse_yaml(_read(path), path)[1]}
+    except UserError:
+        return  # not a config of ours: the claim says so, with its own words
+    for key in info.resolved.env_keys:
+        if key in stored and key != "OUTPUT_DIR":  # the folder was found with this run's value
+            value = coerce_value(key, unescape(stored[key].value), lookup(key), stored[key].raw, stored[key].source)
+            set_value(cfg, key, value)
+            info.resolved.kept[key] = path
 
 
 def config_command(argv: list[str] | None, parser: argparse.ArgumentParser | str,
@@ -163,16 +214,6 @@ def handle_info_flags(cfg: CN, info: ConfigInfo) -> bool:
         shown = True
     sys.stdout.flush()
     return shown
-
-
-def yaml_scalar(token: str) -> Any:
-    """A command-line token read like a YAML value; text that is not valid YAML stays text."""
-    if not token.strip():
-        return token  # DATA.ROOT "" means empty text, not YAML's null
-    try:
-        return yaml.safe_load(token)
-    except yaml.YAMLError:
-        return token
 
 
 def _pair_overrides(tokens: list[str], options: list[str]) -> list[tuple[str, str]]:

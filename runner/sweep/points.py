@@ -18,6 +18,8 @@ file. Two points that would share a folder are refused before anything runs.
 Arguments, in this order (a later KEY wins): --cfg=FILE per cfg file, set's KEY VALUE, the command line's
 KEY VALUE (they win over set, as Hydra's command line wins over its config; a swept key or OUTPUT_DIR there is
 refused: every point would get the same value), the point's own KEY VALUE, then OUTPUT_DIR ROOT/NAME.
+A `set` value with ${...} (runner/config/interp.py) is passed as written and resolved in each point's config
+(`check` builds them all), so one that names a swept key follows it from point to point; names never see it.
 """
 from __future__ import annotations
 

@@ -16,6 +16,9 @@ Relative paths in `cfg` and `root` are relative to the sweep file's folder (as _
 values are config values, read as a config file reads them: a plain scalar keeps its text for a text key
 (`MODEL.NAME: 18`), and each is coerced to its key's type here, so a wrong type is said once, with its line.
 A key is fixed (`set`) or swept (`grid`, `points`), never both; OUTPUT_DIR is the sweep's (root/point name).
+`set` may interpolate as a config file does (`EVAL.IMG_SIZE: ${DATA.IMG_SIZE}`, `${env:NAME,default}`,
+runner/config/interp.py): the expression goes to every point as written and is resolved in each point's config,
+so a swept key it names moves it with the point; grid and points values are written out (they name the folders).
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ from typing import Any
 import yaml
 from yacs.config import CfgNode as CN
 
+from runner.config.interp import has_expression, yaml_scalar
 from runner.config.io import suggest_key
-from runner.config.loader import yaml_scalar
 from runner.config.schema import ABSENT, coerce_value, inline_yaml, lookup
 from runner.errors import UserError
 
@@ -190,6 +193,11 @@ class _Reader:
         value = self.loader.construct_object(node, deep=True)
         raw = node.value if isinstance(node, yaml.ScalarNode) and node.style is None else None
         line = node.start_mark.line + 1
+        if has_expression(value):
+            if section != "set":  # a point's folder is named after its values: they are written out
+                raise self.fail(node, f"{section}: {key}: ${{...}} belongs in set: (a swept value names its "
+                                      "point's folder, so it is written out; write $${ for a literal ${)")
+            return Value(value, token_for(value, raw), line)  # resolved per point, by load_config
         try:
             coerced = coerce_value(key, value, default, raw, where=f"{section}, line {line}")
             return Value(coerced, token_for(value, raw), line)

@@ -1,4 +1,5 @@
 # Shared helpers of run.sh and slurm.sh; `source` it, do not run it.
+# A sweep given on the command line (--cfg FILE --grid KEY V1,V2 ...) is first written as a sweep file (grid_file).
 # A launcher reads a sweep file once with sweep_plan FILE ARGS... (tools/sweeps/plan.py: every point's config, or
 # the search, checked in one Python process; a mistake is one line and exit 2 before anything starts), then, to run
 # points here: sweep_init SLOTS; per point `point_done I && continue; slot_wait; point_cmd I; slot_run NAME CMD...`;
@@ -23,8 +24,14 @@ need_count() {  # NAME VALUE [MIN]: exit 2 unless VALUE is a whole number of at 
 
 sweep_plan() {  # FILE ARGS...: KIND (points|search), ROOT, and per point I: NAMES[I], DIRS[I], point_cmd I
   # CHECK_PATHS=0: data paths are not looked at (slurm.sh); SWEEP_ROOT: the points' folders under it
-  local out rc=0 i=2 opts=()
+  # FILE may be `--cfg FILE --grid KEY V1,V2 ... [KEY VALUE ...]`: a sweep from the command line, written first
+  local out rc=0 i=2 opts=() SWEEP_ROOT=${SWEEP_ROOT:-}
   command -v "$PY" >/dev/null || sweep_fail "PYTHON=$PY is not a program found on PATH; give the interpreter"
+  if [[ ${1:-} == --cfg || ${1:-} == --cfg=* ]]; then
+    grid_file "$@"
+    set -- "$GRID_FILE"
+    SWEEP_ROOT=''  # the written file's root: is the folder it lies in (SWEEP_ROOT's, when given)
+  fi
   [[ ${CHECK_PATHS:-1} != 0 ]] || opts+=(--no-paths)
   [[ -z ${SWEEP_ROOT:-} ]] || opts+=(--root "$SWEEP_ROOT")
   out=$(mktemp)
@@ -37,6 +44,15 @@ sweep_plan() {  # FILE ARGS...: KIND (points|search), ROOT, and per point I: NAM
     NAMES+=("${FIELDS[i]}") DIRS+=("${FIELDS[i + 1]}") COUNT+=("${FIELDS[i + 2]}") AT+=("$((i + 3))")
     i=$((i + 3 + FIELDS[i + 2]))
   done
+}
+
+grid_file() {  # --cfg FILE --grid KEY V1,V2 ... [KEY VALUE ...]: GRID_FILE, the sweep file written for them
+  # (runner/sweep/grid.py: into the sweep's root, SWEEP_ROOT or one named after the config and the swept keys)
+  local opts=()
+  command -v "$PY" >/dev/null || sweep_fail "PYTHON=$PY is not a program found on PATH; give the interpreter"
+  [[ -z ${SWEEP_ROOT:-} ]] || opts+=(--root "$SWEEP_ROOT")
+  GRID_FILE=$("$PY" -m runner.sweep grid "${opts[@]}" "$@") || exit $?  # a mistake: its line is on stderr
+  echo "sweep: wrote $GRID_FILE (re-run it: tools/sweeps/run.sh $(printf %q "$GRID_FILE"))"
 }
 
 point_cmd() {  # I: CMD, the tools/train.py command line of point I (its OUTPUT_DIR last)

@@ -4,6 +4,8 @@
 #   [SWEEP_ROOT=dir] [THROTTLE=T] [WARN_SIGNAL=USR1@120] [NPROC_PER_NODE=n] [PYTHON=python] \
 #     tools/sweeps/slurm.sh [--SBATCH-OPTION=VALUE ...] FILE [KEY VALUE ...]
 #   tools/sweeps/slurm.sh [--SBATCH-OPTION=VALUE ...] run --cfg FILE OUTPUT_DIR DIR [KEY VALUE ...]   (one run)
+#   tools/sweeps/slurm.sh [--SBATCH-OPTION=VALUE ...] --cfg FILE --grid KEY V1,V2 [--grid ...] [KEY VALUE ...]
+#     (a sweep from the command line: written as ROOT/sweep.yaml first, runner/sweep/grid.py, then submitted)
 #   tools/sweeps/slurm.sh table ROOT [--sort KEY] [--asc|--desc]   (the table, with each point's SLURM story)
 # FILE is a sweep file (.yaml or .yml, docs/SWEEPS.md). One with search: is an array of WORKERS=K workers (default:
 # THROTTLE, else 1), each `python -m runner.sweep search --no-table FILE ...` until the study is done; a requeued
@@ -63,7 +65,7 @@ run_point() {  # --cfg FILE KEY VALUE ... with OUTPUT_DIR DIR: the one point of 
 }
 
 SBATCH_OPTS=()
-while (($#)) && [[ $1 == -* ]]; do
+while (($#)) && [[ $1 == -* && $1 != --cfg && $1 != --cfg=* ]]; do  # --cfg: a sweep from the command line
   [[ $1 == --*=* ]] || slurm_fail "sbatch option $1: write sbatch options as --name=value before the sweep" \
     "file (e.g. --partition=gpu, --time=4:00:00)"
   SBATCH_OPTS+=("$1")
@@ -102,6 +104,12 @@ elif [[ $WHAT == *.yaml || $WHAT == *.yml ]]; then
   CHECK_PATHS=0 sweep_plan "$FILE" "$@"
   NAME=$(basename -- "$FILE")
   NAME=${NAME%.*}
+elif [[ $WHAT == --cfg || $WHAT == --cfg=* ]]; then  # --cfg FILE --grid KEY V1,V2 ...: its sweep file first
+  grid_file "$WHAT" "$@"
+  set --
+  FILE=$(cd "$(dirname -- "$GRID_FILE")" && pwd)/$(basename -- "$GRID_FILE")
+  SWEEP_ROOT='' CHECK_PATHS=0 sweep_plan "$FILE"  # the file's root: is the folder it was written into
+  NAME=$(basename -- "$(dirname -- "$FILE")")
 else
   slurm_fail "$WHAT is neither a sweep file (.yaml or .yml) nor run or table; $USAGE"
 fi
