@@ -1,6 +1,8 @@
 """`python -m runner.sweep search`: one worker of a sweep file's search, then the study's table."""
 from __future__ import annotations
 
+import functools
+
 from optuna.trial import TrialState
 
 from runner.errors import EXIT_OK, UserError
@@ -15,19 +17,31 @@ OPTIONS = ("--table", "--no-table")
 
 def search_command(args: list[str], usage: str) -> int:
     """Run one worker (unless --table), then print the table (unless --no-table); the exit code."""
-    flags = []
-    while args and args[0] in OPTIONS:
-        flags.append(args.pop(0))
+    flags, nproc = [], 1
+    while args and (args[0] in OPTIONS or args[0] == "--nproc"):
+        flag = args.pop(0)
+        if flag == "--nproc":
+            nproc = _count(args.pop(0) if args else "", usage)
+        else:
+            flags.append(flag)
     if not args or args[0].startswith("-") or len(flags) > 1:
         raise UserError(usage)
     search = load_search(args[0], args[1:])
-    code = EXIT_OK if "--table" in flags else run_worker(search, log=lambda line: print(line, flush=True))
+    log = functools.partial(print, flush=True)
+    code = EXIT_OK if "--table" in flags else run_worker(search, log=log, nproc=nproc)
     study = open_study(search, create=False)  # a read: the journal's own lock suffices
     if "--no-table" not in flags and study is None:
         print(f"no study in {search.root} yet", flush=True)
     elif "--no-table" not in flags:
         print(render(search, study), f"report: {write_report(search, study)}", sep="\n", flush=True)
     return code or _verdict(study)
+
+
+def _count(text: str, usage: str) -> int:
+    """--nproc's value: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(f"--nproc {text!r}: give the processes per trial, a whole number of at least 1; {usage}")
+    return int(text)
 
 
 def _verdict(study) -> int:

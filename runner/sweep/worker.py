@@ -32,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 from runner.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER
 from runner.rundir import reader
 from runner.rundir.layout import LOCK as RUN_LOCK
+from runner.rundir.layout import RUN_JSON
 from runner.rundir.lock import IN_USE, is_locked
 from runner.sweep import asha
 from runner.sweep.schedulers import Scheduler, build
@@ -131,28 +132,49 @@ def mark(study: optuna.Study, number: int, job: dict | None) -> None:
     trial_handle(study, study.get_trials(deepcopy=False)[number]).set_user_attr(asha.JOB, job)
 
 
-def command(search: Search, trial: FrozenTrial, epoch: int) -> list[str]:
-    """tools/train.py's command for the trial to the end of `epoch` (no pause at the full length)."""
-    argv = [sys.executable, str(TRAIN_PY), *search.argv(trial.params, search.trial_dir(trial.number))]
+def command(search: Search, trial: FrozenTrial, epoch: int, nproc: int = 1) -> list[str]:
+    """tools/train.py's command for the trial to the end of `epoch` (no pause at the full length); under torchrun
+    with `nproc` processes (its own free rendezvous port) when nproc > 1."""
+    launch = [sys.executable]
+    if nproc > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    argv = [*launch, str(TRAIN_PY), *search.argv(trial.params, search.trial_dir(trial.number))]
     return argv if epoch >= search.rungs[-1] else [*argv, "--pause-after-epoch", str(epoch)]
 
 
-def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest, log=print) -> int:
+def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest, log=print, nproc: int = 1) -> int:
     """Run the trial's segment as a subprocess (output appended to ROOT/logs/trial_N.log); its exit code."""
     if not wait_free(search, trial.number, stop, log):
         return EXIT_PREEMPTED  # stopped while waiting: the job is released as a stop's
     path = _log_path(search, trial.number)
     path.parent.mkdir(parents=True, exist_ok=True)
-    argv = command(search, trial, epoch)
+    argv = command(search, trial, epoch, nproc)
     with open(path, "ab") as out:  # appended, never truncated: the earlier segments' lines are the trial's record
         out.write(_log_header(trial.number, epoch, argv).encode())
         out.flush()  # before the child writes to the same file
+        started = time.time()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_bound_to(os.getpid()))
         stop.child = proc
         try:
-            return proc.wait()
+            code = proc.wait()
         finally:
             stop.child = None
+    return _ranks_code(search, trial.number, code, started) if nproc > 1 else code
+
+
+def _ranks_code(search: Search, number: int, code: int, started: float) -> int:
+    """torchrun's exit code as the ranks meant it: it exits 1 for any rank's failure, so a segment whose ranks
+    saved and stopped (run.json `preempted`, written since `started`) is 75, and a busy folder's refusal 2."""
+    if code <= 0:
+        return code
+    run = Path(search.trial_dir(number)) / RUN_JSON
+    try:
+        fresh = run.stat().st_mtime >= started and (reader.status(run.parent) or {}).get("status") == "preempted"
+    except OSError:
+        fresh = False
+    if fresh:
+        return EXIT_PREEMPTED
+    return EXIT_USER if any(IN_USE in line for line in segment_lines(search, number)) else code
 
 
 def wait_free(search: Search, number: int, stop: StopRequest, log=print) -> bool:
@@ -305,8 +327,10 @@ class StopRequest:
             child.send_signal(signum)
 
 
-def run_worker(search: Search, poll_s: float = POLL_S, log=print) -> int:
-    """Take and train jobs until the study is done (0) or a signal stops this worker (75)."""
+def run_worker(search: Search, poll_s: float = POLL_S, log=print, nproc: int = 1) -> int:
+    """Take and train jobs until the study is done (0) or a signal stops this worker (75); each segment under
+    torchrun with `nproc` processes when nproc > 1 (give every worker of a study the same count: the global
+    batch is DATA.BATCH_SIZE x processes)."""
     stop = StopRequest()
     stop.install()
     with locked(search.root):
@@ -320,7 +344,7 @@ def run_worker(search: Search, poll_s: float = POLL_S, log=print) -> int:
             continue
         trial = study.get_trials(deepcopy=False)[job.number]
         log(f"search: trial {job.number}: {job.why}, to epoch {job.epoch} ({search.trial_dir(job.number)})")
-        code = train(search, trial, job.epoch, stop, log)
+        code = train(search, trial, job.epoch, stop, log, nproc)
         finish(search, study, job, code, stop.requested)
         log(progress(search, study.get_trials(deepcopy=False), job))
         if code in STOP_CODES or stop.requested:

@@ -202,3 +202,22 @@ def test_raising_trials_promotes_trials_left_waiting(tmp_path, fake):
     assert waiting & {t.number for t in top}, "the precondition: a trial that waited is in the top 3 of 9"
     assert sorted(t.number for t in trials if 3 in t.intermediate_values) == sorted(t.number for t in top)
     assert all(t.state == TrialState.COMPLETE for t in top)
+
+
+def test_torchruns_exit_1_is_read_as_the_ranks_meant_it(tmp_path):
+    """torchrun exits 1 for any rank's failure: ranks that saved on a stop (run.json preempted since the segment
+    began) are 75, a busy folder's refusal 2, anything else stays a failure."""
+    search = fake_search(tmp_path, trials=3)
+    trial = Path(search.trial_dir(0))
+    trial.mkdir(parents=True)
+    log = Path(search.root) / "logs" / "trial_0.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(f"{worker.HEADER}start\nRuntimeError: boom\n")
+    (trial / "run.json").write_text('{"status": "preempted"}')
+    stale = time.time() + 60  # run.json older than the segment: an earlier segment's
+    assert worker._ranks_code(search, 0, 1, stale) == 1
+    assert worker._ranks_code(search, 0, 1, time.time() - 60) == worker.EXIT_PREEMPTED
+    (trial / "run.json").unlink()
+    log.write_text(f"{worker.HEADER}start\n{trial} is in use by a running job (pid 1 on h); wait\n")
+    assert worker._ranks_code(search, 0, 1, time.time()) == worker.EXIT_USER
+    assert worker._ranks_code(search, 0, 0, time.time()) == 0

@@ -9,7 +9,8 @@
 # JOBS: the GPUs / n). With JOBS above 1 each point's output is appended to ROOT/logs/<point>.log. The table is
 # tools/summarize.py ROOT --sort best/val/top1. SWEEP_ROOT: the points' folders there instead of the file's root:.
 # A file with search: instead runs JOBS workers of `python -m runner.sweep search --no-table FILE` (one GPU each
-# where there are GPUs; their lines in ROOT/logs/worker_<k>.log when JOBS is above 1) until the study is done, then
+# where there are GPUs; with NPROC=n each trial under torchrun with n processes, n GPUs per worker; their lines
+# in ROOT/logs/worker_<k>.log when JOBS is above 1) until the study is done, then
 # prints its table (python -m runner.sweep search --table FILE). Mistakes: one line, exit 2, before anything runs.
 # A point whose folder another job holds (a second run.sh on the same file, a SLURM task) is busy: said, skipped,
 # and not a failure. Exit: 0 done (busy points included), 1 some point failed, 75 some point stopped (saved).
@@ -39,14 +40,19 @@ device_env() {  # N: DEVICE, the env assignment that gives slot SLOT its N GPUs 
 run_search() {  # FILE ARGS...: JOBS workers of the search, then its table
   [[ -z ${SWEEP_ROOT:-} ]] || sweep_fail "SWEEP_ROOT is not used by a search (its study lives in the file's root:," \
     "$ROOT); unset it, or give root: in the file"
-  [[ -z ${NPROC:-} ]] || sweep_fail "NPROC=$NPROC: a search's trials run one process each; unset NPROC"
+  local k nproc=${NPROC:-1} opts=()
+  if [[ -n ${NPROC:-} ]]; then  # each trial's segments under torchrun with NPROC processes (GPUs) of its worker's
+    need_count NPROC "$NPROC"
+    ((NGPU == 0 || NPROC <= NGPU)) ||
+      sweep_fail "NPROC=$NPROC is more than the $NGPU GPU(s) found; give NPROC=$NGPU or less"
+    opts=(--nproc "$NPROC")
+  fi
   UNIT=worker
-  sweep_init "${JOBS:-$((NGPU ? NGPU : 1))}"
-  local k
+  sweep_init "${JOBS:-$((NGPU >= 2 * nproc ? NGPU / nproc : 1))}"
   for ((k = 0; k < NSLOTS; k++)); do
     slot_wait
-    device_env 1
-    slot_run "worker_$k" env "${DEVICE[@]}" "$PY" -m runner.sweep search --no-table "$@"
+    device_env "$nproc"
+    slot_run "worker_$k" env "${DEVICE[@]}" "$PY" -m runner.sweep search --no-table "${opts[@]}" "$@"
   done
   sweep_end "$PY" -m runner.sweep search --table "$@"
 }

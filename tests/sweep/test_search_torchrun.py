@@ -1,0 +1,50 @@
+"""A search whose trials run under torchrun (`--nproc 2`, gloo on the CPU): paused, promoted and resumed as with one
+process, and its best trial equals its config trained straight under torchrun with the same process count."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from optuna.trial import TrialState
+
+from runner.sweep.search import load_search
+from runner.sweep.study import open_study
+from tests.engine.test_resume import _steady, assert_same
+from tests.utils import env, torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGITS = ROOT / "configs/digits/test_resnet.yaml"
+
+
+@pytest.mark.slow
+def test_a_two_process_search_equals_its_best_config_trained_straight(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        f"cfg: {DIGITS}\nroot: {tmp_path / 'out'}\n"
+        "set: {TRAIN.EPOCHS: 2, DATA.IMG_SIZE: 16, MODEL.NAME: resnet10t, DATA.BATCH_SIZE: 32, LOG.PERIOD: 5,\n"
+        "      DATA.NUM_WORKERS: 0, LOG.PROGRESS: plain}\n"
+        "search:\n  trials: 2\n  seed: 5\n  asha: {eta: 2, min_epochs: 1}\n"
+        "  space:\n    TRAIN.LR: {log: [0.01, 0.2]}\n")
+    run = subprocess.run([sys.executable, "-m", "runner.sweep", "search", "--no-table", "--nproc", "2", str(path)],
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    search = load_search(str(path))
+    trials = open_study(search, create=False).get_trials()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 1 and sorted(done[0].intermediate_values) == [1, 2], [t.intermediate_values for t in trials]
+    trial = Path(search.trial_dir(done[0].number))
+    log = (Path(search.root) / "logs" / f"trial_{done[0].number}.log").read_text()
+    assert log.count("torch.distributed.run --standalone --nproc_per_node=2") == 2  # paused, then promoted
+    assert "resumed from" in log
+    straight = tmp_path / "straight"
+    again = subprocess.run([*torchrun(["--standalone", "--nproc_per_node=2"]), str(ROOT / "tools" / "train.py"),
+                            "--cfg", str(trial / "config.yaml"), "OUTPUT_DIR", str(straight)],
+                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr
+    got, want = (torch.load(d / "checkpoints" / "last.pth", map_location="cpu", weights_only=True)
+                 for d in (trial, straight))
+    assert want["model"] and want["optimizer"]
+    assert_same(_steady(got), _steady(want), "last.pth")
