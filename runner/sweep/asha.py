@@ -24,7 +24,7 @@ class Job:
 
     number: int | None
     epoch: int
-    why: str  # "new", "promote" or "resume" (a job a stopped worker left)
+    why: str  # "new", "promote", "resume" (a job a stopped worker left) or "finish" (asha.finish_best)
 
 
 def rungs(min_epochs: int, eta: int, epochs: int) -> tuple[int, ...]:
@@ -81,6 +81,22 @@ def next_job(trials: Sequence[FrozenTrial], rung_epochs: Sequence[int], eta: int
             return Job(found[0].number, rung_epochs[k + 1], "promote")
     if len(trials) < budget:
         return Job(None, rung_epochs[0], "new")
+    return finish_best(trials, rung_epochs, maximize, live)
+
+
+def finish_best(trials: Sequence[FrozenTrial], rung_epochs: Sequence[int], maximize: bool,
+                live: Callable[[FrozenTrial], bool]) -> Job | None:
+    """The budget is spent, nobody trains and no trial reached the full length (trials failed, so a rung's board
+    stayed too short to promote): the best trial of the highest rung reached trains on to the next rung, until one
+    trial reaches the full length. A study never ends without a full-length trial while one can get there."""
+    if busy(trials, live) or any(t.state == TrialState.COMPLETE for t in trials):
+        return None
+    for k in reversed(range(len(rung_epochs) - 1)):
+        waiting = [t for t in ranked(trials, rung_epochs[k], maximize)
+                   if t.state == TrialState.RUNNING and reached(t, rung_epochs) == rung_epochs[k]
+                   and not t.user_attrs.get(JOB)]
+        if waiting:
+            return Job(waiting[0].number, rung_epochs[k + 1], "finish")
     return None
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from optuna.trial import FrozenTrial
 
-from runner.sweep.asha import Job, owed, promotable
+from runner.sweep.asha import Job, finish_best, owed, promotable
 
 
 def shares(brackets: int, eta: int) -> list[int]:
@@ -74,7 +74,7 @@ class Hyperband:
                     return Job(found[0].number, self.rungs[k + 1], "promote")
         if len(trials) < self.budget:
             return Job(None, self.first_rung(len(trials)), "new")
-        return None
+        return finish_best(trials, self.rungs, self.maximize, live)
 
 
 def build(rungs: tuple[int, ...], eta: int, maximize: bool, budget: int) -> Hyperband:

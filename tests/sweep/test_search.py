@@ -358,7 +358,7 @@ def test_worker_runs_the_study_and_a_rerun_trains_nothing(tmp_path, fake):
     assert worker.run_worker(search, poll_s=0.1, log=lambda s: None) == 0
     assert calls(Path(search.root)) == before  # a finished study trains nothing
     page = Path(write_report(search, study)).read_text()
-    assert page.count("<svg") == 3 and "<script" not in page and "src=" not in page  # self-contained
+    assert page.count("<svg") == 4 and "<script" not in page and "src=" not in page  # self-contained
     assert "EDF of val/top1" in page and "epoch 3" in page and f"trial {best.number}" in page
 
 

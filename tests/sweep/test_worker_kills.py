@@ -183,7 +183,7 @@ def test_the_error_is_the_failed_segments_own(tmp_path, fake):
     search = fake_search(tmp_path, trials=3)
     assert worker.run_worker(search, poll_s=0.1, log=quiet) == 0
     failed = [t for t in trials_of(search) if t.state == TrialState.FAIL]
-    assert len(failed) == 1 and failed[0].user_attrs["error"] == "exit 1, before it printed anything"
+    assert failed and all(t.user_attrs["error"] == "exit 1, before it printed anything" for t in failed)
     assert "paused after epoch 1" in (Path(search.root) / "logs" / f"trial_{failed[0].number}.log").read_text()
 
 
@@ -221,3 +221,17 @@ def test_torchruns_exit_1_is_read_as_the_ranks_meant_it(tmp_path):
     log.write_text(f"{worker.HEADER}start\n{trial} is in use by a running job (pid 1 on h); wait\n")
     assert worker._ranks_code(search, 0, 1, time.time()) == worker.EXIT_USER
     assert worker._ranks_code(search, 0, 0, time.time()) == 0
+
+
+def test_a_study_left_without_a_full_length_trial_finishes_its_best(tmp_path, fake):
+    """Two of 3 trials fail at epoch 1, so rung 1's board (1 trial) never promotes: with the budget spent and
+    nobody training, the best trial of the highest rung reached trains on to the full length."""
+    fake.setenv("FAKE_FAIL_ABOVE", "0.003")
+    search = load_search(str(search_file(tmp_path, "trials: 3\nseed: 4\nasha: {eta: 3, min_epochs: 1}\n")))
+    lines: list[str] = []
+    assert worker.run_worker(search, poll_s=0.1, log=lines.append) == 0
+    trials = trials_of(search)
+    states = [t.state for t in trials]
+    assert states.count(TrialState.FAIL) == 2, [t.params for t in trials]  # the precondition
+    assert states.count(TrialState.COMPLETE) == 1
+    assert any(": finish, to epoch 3" in x for x in lines), lines
