@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 from optuna.storages import JournalStorage
-from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalFileSymlinkLock
+from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
 
 from runner.errors import UserError
@@ -200,7 +201,7 @@ class _Journal(BaseJournalBackend):
 
     def __init__(self, path: str, search: Search) -> None:
         self.path, self.search = path, search
-        self.lock = JournalFileSymlinkLock(path)  # the backend's own lock, held here too while the tail is cut
+        self.lock = FlockLock(path)  # the backend's own lock, held here too while the tail is cut
         self.file = JournalFileBackend(path, lock_obj=self.lock)
         self.line = 0  # the line of the last record read (1-based; one record per line)
 
@@ -230,8 +231,32 @@ class _Journal(BaseJournalBackend):
                                        "root: another folder for a new study")
 
 
+class FlockLock(JournalFileOpenLock):  # its public base class: Optuna's lock interface is private
+    """Optuna's journal lock as an fcntl.flock on PATH.flock, which the OS drops when its holder dies: Optuna's
+    symlink and open locks are files that a writer SIGKILLed mid-append leaves behind, and every later writer then
+    waits out their 30 s grace period (holding the search's lock meanwhile). Exact on one machine and on NFSv4,
+    Lustre and GPFS with locking on, as ROOT/search.lock is."""
+
+    def __init__(self, path: str) -> None:  # not Optuna's: none of its state is used
+        self.path, self.fd = f"{path}.flock", None
+
+    def acquire(self) -> bool:
+        """Block until this process holds the lock."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        """Let it go."""
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
 @contextlib.contextmanager
-def _held(lock: JournalFileSymlinkLock) -> Iterator[None]:
+def _held(lock: FlockLock) -> Iterator[None]:
     """Optuna's journal lock held (its writers append under it)."""
     lock.acquire()
     try:

@@ -333,8 +333,10 @@ def run_worker(search: Search, poll_s: float = POLL_S, log=print, nproc: int = 1
     batch is DATA.BATCH_SIZE x processes)."""
     stop = StopRequest()
     stop.install()
-    with locked(search.root):
-        study = open_study(search)
+    study = open_study(search, create=False)  # a read, outside the lock: N workers starting need not queue on it
+    if study is None:
+        with locked(search.root):  # made once, by the first worker
+            study = open_study(search)
     while not stop.requested:
         job, others = take(search, study)
         if job is None and not others:

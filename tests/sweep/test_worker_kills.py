@@ -235,3 +235,21 @@ def test_a_study_left_without_a_full_length_trial_finishes_its_best(tmp_path, fa
     assert states.count(TrialState.FAIL) == 2, [t.params for t in trials]  # the precondition
     assert states.count(TrialState.COMPLETE) == 1
     assert any(": finish, to epoch 3" in x for x in lines), lines
+
+
+def test_a_writer_killed_holding_the_journal_lock_blocks_nobody(tmp_path):
+    """The journal's lock is an flock: a worker SIGKILLed mid-append leaves nothing that makes the next writer wait
+    (Optuna's symlink lock would be waited out for 30 s, with the search's lock held)."""
+    from runner.sweep.study import FlockLock
+
+    path = str(tmp_path / "study.journal")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from runner.sweep.study import FlockLock; "
+                               f"FlockLock({path!r}).acquire(); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env())
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    lock = FlockLock(path)
+    t0 = time.monotonic()
+    assert lock.acquire() and time.monotonic() - t0 < 2.0
+    lock.release()
