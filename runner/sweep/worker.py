@@ -113,9 +113,12 @@ def scheduler_of(search: Search) -> Scheduler:
 
 def take(search: Search, study: optuna.Study) -> tuple[asha.Job | None, bool]:
     """(the job this worker takes, or None; whether other workers still train), decided under the lock."""
+    is_live = functools.partial(live, search)
+    trials = study.get_trials(deepcopy=False)  # a look without the lock first: most polls find nothing to do,
+    if scheduler_of(search).next_job(trials, is_live) is None:  # and N idle workers would queue on it for that
+        return None, asha.busy(trials, is_live)
     with locked(search.root):
-        trials = study.get_trials(deepcopy=False)
-        is_live = functools.partial(live, search)
+        trials = study.get_trials(deepcopy=False)  # again: another worker may have taken it meanwhile
         job = scheduler_of(search).next_job(trials, is_live)
         if job is None:
             return None, asha.busy(trials, is_live)
