@@ -204,6 +204,7 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
                                 metrics, control, unsaved_eval=lambda: evaluator.unsaved,
                                 background=cfg.CHECKPOINT.ASYNC)
     flag = StopFlag(control)
+    evaluator.stop = flag  # a stop signal cuts an epoch end's evaluation: the save never waits for one
     preemption = Preemption(flag, checkpointer, profiler, cfg.PROFILE.ONLY)
     splits = build_split_results(cfg, trainer, dist, metrics, evaluator)
     status.evaluator, status.metrics, status.splits = evaluator, metrics, splits

@@ -27,30 +27,37 @@ def evaluate(model: nn.Module, loader, device: torch.device, autocast=nullcontex
     totals = torch.zeros(4, dtype=torch.float64, device=device)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
     loader.set_epoch(0, 0)
-    for x, y in loader:
-        with autocast():
-            out = model(x)
-        out = out.float()
-        k = min(5, out.shape[1])
-        hit = out.topk(k, dim=1).indices.eq(y[:, None])
-        totals[0] += hit[:, 0].sum()
-        totals[1] += hit.any(1).sum()
-        totals[2] += len(y)
-        totals[3] += F.cross_entropy(out, y, reduction="sum")
-        if num_classes:  # on the device, no host sync; a product of one-hots, as bincount is not deterministic on GPUs
-            confusion += (F.one_hot(y, num_classes).T.float() @ F.one_hot(out.argmax(1), num_classes).float()).long()
-        if progress is not None:
-            progress()
+    try:  # a stop signal may cut the pass (EvaluationCut): the model trains on in its own mode
+        for x, y in loader:
+            with autocast():
+                out = model(x)
+            _count(out.float(), y, totals, confusion if num_classes else None)
+            if progress is not None:
+                progress()
+    finally:
+        model.train(was_training)
     if progress is not None:  # waiting for slower ranks from here: the heartbeats tell whether they live
         progress(done=True)
     distributed.all_reduce_(totals)
     c1, c5, n, loss = totals.tolist()
-    model.train(was_training)
     n = max(n, 1)
     res = {"top1": 100.0 * c1 / n, "top5": 100.0 * c5 / n, "loss": loss / n, "count": int(n)}
     if num_classes:
         res["confusion"] = distributed.all_reduce_(confusion).tolist()
     return res
+
+
+def _count(out: torch.Tensor, y: torch.Tensor, totals: torch.Tensor, confusion: torch.Tensor | None) -> None:
+    """Add one batch's top-1 and top-5 hits, count and loss sum to `totals`, its predictions to `confusion`."""
+    k = min(5, out.shape[1])
+    hit = out.topk(k, dim=1).indices.eq(y[:, None])
+    totals[0] += hit[:, 0].sum()
+    totals[1] += hit.any(1).sum()
+    totals[2] += len(y)
+    totals[3] += F.cross_entropy(out, y, reduction="sum")
+    if confusion is not None:  # on the device, no host sync; one-hots, as bincount is not deterministic on GPUs
+        classes = confusion.shape[0]
+        confusion += (F.one_hot(y, classes).T.float() @ F.one_hot(out.argmax(1), classes).float()).long()
 
 
 class Evaluator(Hook):
@@ -73,6 +80,7 @@ class Evaluator(Hook):
         self.is_best = False  # set by an evaluation, taken by the checkpoint that follows it
         self.unsaved = False  # an evaluation no checkpoint holds yet: the Checkpointer saves right after it
         self.progress: Callable[..., None] | None = None  # told when a pass starts, after each batch, at its end
+        self.stop = None  # the run's StopFlag: a stop signal cuts an epoch end's evaluation (its `cutting`)
         # the model's own (not the EMA's) full result, confusion matrix included, of the evaluation judged best in
         # this process: the run's end reuses it for best.pth on val instead of evaluating the same weights again
         self.best_eval: tuple[int, dict] | None = None
@@ -92,13 +100,15 @@ class Evaluator(Hook):
         whole = trainer.batch_in_epoch == 0
         on_step = bool(self.period_steps) and trainer.step % self.period_steps == 0
         if trainer.at_end or (whole and (trainer.epoch % self.period == 0 or on_step)):
-            self.validate(trainer, trainer.epoch)
+            self.validate(trainer, trainer.epoch, cut=True)
 
-    def validate(self, trainer, epoch: int | None = None) -> None:
+    def validate(self, trainer, epoch: int | None = None, cut: bool = False) -> None:
         """Evaluate the model (and its EMA) on the whole val split, log the result under `epoch` (default: the
-        epochs done), judge it for best.pth and early stopping."""
+        epochs done), judge it for best.pth and early stopping. `cut`: a stop signal during the passes drops them
+        (EvaluationCut, before anything is logged or judged; the loop leaves the epoch's end owed)."""
         epoch = trainer.epoch if epoch is None else epoch
-        scalars = self._measure(trainer.stepper)
+        with self.stop.cutting() if cut and self.stop is not None else nullcontext():
+            scalars = self._measure(trainer.stepper)
         self.last_val, self.evaluated_step, self.unsaved = scalars, trainer.step, True
         observe = getattr(trainer.stepper.scheduler, "observe", None)
         if observe is not None:  # an LR schedule that steps on evaluations (plateau); the step saves its state

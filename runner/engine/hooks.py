@@ -4,8 +4,9 @@ The run's hooks are a fixed, ordered list (runner.engine.build.run_hooks), not a
 MetricLogger, Evaluator (runner.engine.evaluation), Checkpointer, Preemption (runner.engine.signals) and
 RunStatus (runner.engine.status).
 The order is the order of the duties after a step: the profiler marks the step's end, the metric window is
-written, a periodic checkpoint is saved, then a stop is honoured. At an epoch's end: the last window, the
-evaluation, the checkpoint, a stop.
+written, a periodic checkpoint is saved, then a stop is honoured. At an epoch's end a stop comes first
+(`stop_point`: it saves with the end owed, and the resumed run runs it); then the last window, the evaluation (a
+stop signal during it cuts it: EvaluationCut), the checkpoint, a stop.
 """
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class Hook:
     def after_step(self, trainer) -> None:
         """After each optimizer step (not after accumulation micro-steps)."""
 
+    def stop_point(self, trainer) -> None:
+        """Before an epoch's end hooks (position not yet advanced), and again once a stop has cut them: a stop
+        agreed by every rank saves here and exits, the end owed to the resumed run (runner.engine.signals)."""
+
     def after_epoch(self, trainer) -> None:
         """After an epoch's last step (position already advanced), or after the run's last step mid-epoch."""
 
@@ -67,6 +72,11 @@ class StopRun(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class EvaluationCut(Exception):
+    """A stop signal came during an epoch end's evaluation: it is dropped unfinished, the loop puts the epoch's end
+    back as owed, and the stop saves (stop_point); the resumed run evaluates from the start."""
 
 
 def epoch_of_last_step(trainer) -> int:

@@ -1,20 +1,22 @@
 """Stopping on request: preemption signals and TRAIN.TIME_LIMIT agreed on by every rank, and PROFILE.ONLY;
-save first, then stop."""
+save first, then stop. A stop never waits for an epoch end's evaluation: one agreed before the end saves with the
+end owed, and in a single process a stop signal during its evaluation cuts it (the resumed run evaluates)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 from runner import distributed
-from runner.engine.hooks import Checkpointer, Hook, Profiler, StopRun
+from runner.engine.hooks import Checkpointer, EvaluationCut, Hook, Profiler, StopRun
 from runner.errors import DataUnavailable, Preempted, UserError, one_line
 from runner.rundir import marker
 from runner.rundir.layout import CHECKPOINTS
@@ -34,6 +36,7 @@ class StopFlag:
         self.old = {}
         self.stopping = False
         self.reason = ""  # why this rank asked to stop, when it was not a signal (TRAIN.TIME_LIMIT)
+        self.cuts = False  # an evaluation in progress that a stop signal cuts (see cutting)
         self.launcher = LauncherWatch(self) if os.environ.get("TORCHELASTIC_RUN_ID") else None
 
     def request(self, reason: str) -> None:
@@ -58,6 +61,24 @@ class StopFlag:
             again = " (Ctrl-C again to stop at once, without saving)"
         log.warning("received %s: finishing the current step, then saving and exiting%s",
                     signal.Signals(signum).name, again)
+        if self.cuts:  # the evaluation's loader may wait minutes for a batch: leave it at once
+            self.cuts = False
+            raise EvaluationCut(f"{signal.Signals(signum).name} during the evaluation")
+
+    @contextlib.contextmanager
+    def cutting(self) -> Iterator[None]:
+        """An evaluation that a stop signal cuts (EvaluationCut, raised by the handler wherever it waits), or one
+        asked already; in a single process only: ranks could not agree at which batch to leave."""
+        if self.group is not None or not self.old:
+            yield
+            return
+        if self.local:
+            raise EvaluationCut("a stop was asked before the evaluation")
+        self.cuts = True
+        try:
+            yield
+        finally:
+            self.cuts = False
 
     def poll(self) -> bool:
         """True once stopping is agreed; distributed runs reduce the flag one step late, asynchronously."""
@@ -70,6 +91,19 @@ class StopFlag:
         self.buf.fill_(float(self.local))
         self.work = torch.distributed.all_reduce(self.buf, op=torch.distributed.ReduceOp.MAX,
                                                  group=self.group, async_op=True)
+        return self.stopping
+
+    def agree(self) -> bool:
+        """True once every rank has asked to stop, agreed now (a blocking reduce of the flag as it is, on the
+        control group: once per epoch end), where poll() agrees one step late."""
+        if self.group is None:
+            return self.poll()
+        if self.work is not None:  # the pending reduce is of an older flag: the one below covers it
+            self.work.wait()
+            self.work = None
+        self.buf.fill_(float(self.local))
+        torch.distributed.all_reduce(self.buf, op=torch.distributed.ReduceOp.MAX, group=self.group)
+        self.stopping = bool(self.buf.item())
         return self.stopping
 
     def close(self) -> None:
@@ -134,12 +168,23 @@ class Preemption(Hook):
             raise StopRun(marker.PROFILED, "PROFILE.ONLY: stopped after the profiled steps (checkpoint saved; "
                                              "rerun without it to go on)")
         if self.flag.poll():
-            self.checkpointer.save_now(trainer)
-            distributed.barrier()  # no rank exits before rank 0's checkpoint is on disk
-            out = self.checkpointer.out
-            why = f"{self.flag.reason}: stopped" if self.flag.reason else "preempted"
-            raise Preempted(f"{why} at step {trainer.step}: checkpoint saved in {out / CHECKPOINTS}; "
-                            "rerun the same command to continue")
+            self._save_and_stop(trainer)
+
+    def stop_point(self, trainer) -> None:
+        """Before an epoch's end (or once a signal cut its evaluation): a stop saves now, the evaluation and
+        checkpoint of that end owed to the resumed run, which runs them before training on."""
+        if self.flag.agree():
+            self._save_and_stop(trainer)
+
+    def _save_and_stop(self, trainer) -> None:
+        """Save at this step (on disk before any rank exits), then exit preempted."""
+        self.checkpointer.save_now(trainer)
+        distributed.barrier()  # no rank exits before rank 0's checkpoint is on disk
+        out = self.checkpointer.out
+        why = f"{self.flag.reason}: stopped" if self.flag.reason else "preempted"
+        owed = f" (epoch {trainer.epoch + 1}'s end is left to the rerun)" if trainer.end_of_epoch else ""
+        raise Preempted(f"{why} at step {trainer.step}{owed}: checkpoint saved in {out / CHECKPOINTS}; "
+                        "rerun the same command to continue")
 
     def after_epoch(self, trainer) -> None:
         """A signal that came during the epoch's end: the checkpoint of that end is already saved (or being
