@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,7 +127,7 @@ class Resolved:
     kept: dict[str, str] = field(default_factory=dict)  # key -> the stored config.yaml it was taken from
 
 
-def resolve(cfg: CN, pending: Mapping[str, Any], suggest: Any = lambda key: "") -> Resolved:
+def resolve(cfg: CN, pending: Mapping[str, Any], suggest: Callable[[str], str] = lambda key: "") -> Resolved:
     """Set every pending key (key -> its last entry: .value, .source) on the unfrozen `cfg`, resolved and coerced.
 
     `suggest(key)`: '; did you mean X?' for a key that does not exist. A mistake: one UserError line.
@@ -141,7 +141,7 @@ def resolve(cfg: CN, pending: Mapping[str, Any], suggest: Any = lambda key: "") 
 class _Resolver:
     """A depth-first walk over the references; the keys being resolved are the chain a message names."""
 
-    def __init__(self, cfg: CN, pending: Mapping[str, Any], suggest: Any):
+    def __init__(self, cfg: CN, pending: Mapping[str, Any], suggest: Callable[[str], str]):
         self.cfg, self.pending, self.suggest = cfg, pending, suggest
         self.done: set[str] = set()
         self.stack: list[str] = []
