@@ -4,6 +4,7 @@ search (ASHA or Hyperband) over an Optuna study, run by the launchers in tools/s
 Modules, imports running one way (each imports only those above it):
     spec     the sweep file, read and checked like a config file (yaml.safe_load, file:line in messages)
     points   the crossing, stable folder names, train.py's arguments; every point's config built once
+    grid     `python -m runner.sweep grid`: a command line's --cfg/--grid written as a sweep file (ROOT/sweep.yaml)
     summary  the table of a folder of runs (tools/summarize.py): the rundir reader over each run
     asha     ASHA (promotions from the top rung down, new trials, repechage of paused trials)
     hyperband  asynchronous Hyperband: brackets that start at each rung, ASHA within each

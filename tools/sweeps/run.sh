@@ -3,6 +3,7 @@
 # resume, missing ones start (docs/SWEEPS.md). KEY VALUE arguments go to every point (they cannot set a swept key).
 #   [JOBS=n] [NUM_GPUS=n] [NPROC=n [MAX_RESTARTS=0]] [SWEEP_ROOT=dir] [PYTHON=python] \
 #     tools/sweeps/run.sh FILE [KEY VALUE ...]
+#   tools/sweeps/run.sh --cfg CONFIG --grid KEY V1,V2 [--grid ...] [KEY VALUE ...]  (writes ROOT/sweep.yaml first)
 # JOBS points at once (default: one per GPU, CUDA_VISIBLE_DEVICES else nvidia-smi, NUM_GPUS to cap or set the count;
 # without a GPU one at a time on the CPU), each on its own GPU, a GPU taking the next point when its point ends.
 # NPROC=n: each point under torchrun with n processes (its own free rendezvous port, n GPUs of its own; default
