@@ -22,7 +22,7 @@ from runner.sweep.study import JOURNAL, open_study, trial_handle
 from runner.sweep.table import STATES, render
 from tests.sweep.test_search import record, search_file
 from tests.sweep.test_summary import done, make_run, summarize_cli
-from tests.utils import env as test_env
+from tests.utils import env as pinned_env
 
 ROOT = Path(__file__).resolve().parents[2]
 ASHA = "trials: 3\nasha: {eta: 3, min_epochs: 1}\n"
@@ -148,7 +148,7 @@ def test_the_printed_command_trains_the_best_trial_again_bit_identical(tmp_path)
     path = search_file(tmp_path, "trials: 3\nseed: 0\nasha: {eta: 3, min_epochs: 1}\n",
                        "    TRAIN.LR: {log: [1.0e-3, 1.0e-1]}\n")
     extra = ["MODEL.NAME", "resnet10t", "DATA.BATCH_SIZE", "128", "DATA.NUM_WORKERS", "0", "LOG.PERIOD", "5"]
-    env = test_env()  # one thread, pinned as the user's (not the marker this pytest process chose)
+    env = pinned_env()  # one thread, pinned as the user's (not the marker this pytest process chose)
     p = subprocess.run([sys.executable, "-m", "runner.sweep", "search", str(path), *extra], capture_output=True,
                        text=True, cwd=ROOT, timeout=900, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
