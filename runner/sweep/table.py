@@ -28,12 +28,13 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from runner.rundir.layout import CONFIG, ENV
-from runner.sweep import asha
+from runner.sweep import asha, worker
 from runner.sweep.search import TRIAL_PREFIX, Search
 from runner.sweep.summary import TrialView
 from runner.sweep.worker import live, scheduler_of
 
 STATES = ("done", "training", "paused", "stopped", "failed", "to resume", "to start")
+_NPROC = re.compile(r" --nproc_per_node=(\d+) ")
 AGAIN = "_again"  # ROOT/trial_N_again: where the printed command trains trial N again
 # env.txt's line of the intra-op thread count the run computed with (written after a resume took its checkpoint's)
 _THREADS_LINE = re.compile(r"^torch threads\s+(\d+)\s*$", re.MULTILINE)
@@ -167,9 +168,23 @@ def reproduce_command(search: Search | StudyRoot, number: int) -> str:
     """tools/train.py on the trial's config.yaml into a fresh folder, with the CPU thread count the trial used."""
     # CPU kernels split their reductions by thread: another count gives other numbers (runner/threads.py)
     threads = trial_threads(search.trial_dir(number))
-    argv = ["python", "tools/train.py", "--cfg", os.path.join(search.trial_dir(number), CONFIG),
+    nproc = trial_nproc(search.trial_dir(number))  # the global batch is DATA.BATCH_SIZE x processes
+    launch = ["torchrun", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else ["python"]
+    argv = [*launch, "tools/train.py", "--cfg", os.path.join(search.trial_dir(number), CONFIG),
             "OUTPUT_DIR", again_dir(search, number)]
     return (f"OMP_NUM_THREADS={threads} " if threads else "") + shlex.join(argv)
+
+
+def trial_nproc(folder: str) -> int:
+    """The processes per segment the trial trained with (`search --nproc`): its latest segment's header in
+    ROOT/logs/trial_N.log names torchrun's --nproc_per_node; 1 without one."""
+    log = Path(folder).parent / "logs" / f"{Path(folder).name}.log"
+    try:
+        headers = [x for x in log.read_text(errors="replace").splitlines() if x.startswith(worker.HEADER)]
+    except OSError:
+        return 1
+    found = _NPROC.search(headers[-1]) if headers else None
+    return int(found.group(1)) if found else 1
 
 
 def again_dir(search: Search | StudyRoot, number: int) -> str:

@@ -1,7 +1,9 @@
 """A search whose trials run under torchrun (`--nproc 2`, gloo on the CPU): paused, promoted and resumed as with one
-process, and its best trial equals its config trained straight under torchrun with the same process count."""
+process, and its best trial equals its config trained straight under torchrun with the same process count, by the
+command the table prints."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ from optuna.trial import TrialState
 from runner.sweep.search import load_search
 from runner.sweep.study import open_study
 from tests.engine.test_resume import _steady, assert_same
-from tests.utils import env, torchrun
+from tests.utils import env
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "configs/digits/test_resnet.yaml"
@@ -39,10 +41,17 @@ def test_a_two_process_search_equals_its_best_config_trained_straight(tmp_path):
     log = (Path(search.root) / "logs" / f"trial_{done[0].number}.log").read_text()
     assert log.count("torch.distributed.run --standalone --nproc_per_node=2") == 2  # paused, then promoted
     assert "resumed from" in log
-    straight = tmp_path / "straight"
-    again = subprocess.run([*torchrun(["--standalone", "--nproc_per_node=2"]), str(ROOT / "tools" / "train.py"),
-                            "--cfg", str(trial / "config.yaml"), "OUTPUT_DIR", str(straight)],
-                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    table = subprocess.run([sys.executable, "-m", "runner.sweep", "search", "--table", str(path)], cwd=ROOT,
+                           env=env(), capture_output=True, text=True, timeout=120)
+    lines = table.stdout.splitlines()
+    command = lines[next(i for i, x in enumerate(lines) if x.startswith("best: ")) + 1].strip()
+    straight = Path(f"{trial}_again")
+    assert command.startswith("OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 tools/train.py --cfg "), \
+        table.stdout
+    assert command.endswith(f"OUTPUT_DIR {straight}")
+    shell = {**env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    again = subprocess.run(["bash", "-c", command], cwd=ROOT, env=shell, capture_output=True, text=True,
+                           timeout=600)  # as printed: `torchrun` is the venv's
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr
     got, want = (torch.load(d / "checkpoints" / "last.pth", map_location="cpu", weights_only=True)
                  for d in (trial, straight))
