@@ -3,12 +3,14 @@
 search with ASHA's compute, and the cost of a pause and a resume. A benchmark, not a test: it prints one JSON line.
 
     python benchmarks/search.py [--trials 27] [--epochs 9] [--eta 3] [--seed 0] [--repeats 5] [--out DIR]
+                                [--sampler random|tpe] [--scheduler asha|hyperband]
                                 [--cfg configs/digits/test_resnet.yaml] [KEY VALUE ...]
 
 1. ASHA: a sweep file (written to OUT/search.yaml) over TRAIN.LR log [1e-5, 1] and TRAIN.WEIGHT_DECAY log [1e-6, 0.1]
-   on the digits, `sampler: random` with `seed`, `asha: {eta, min_epochs: 1}` (rungs 1, 3, 9 for 9 epochs), run by
-   one worker: `python -m runner.sweep search --no-table OUT/search.yaml KEY VALUE ...`. Its compute is the epochs
-   its trials trained (each trial folder's last epoch in metrics.jsonl), its best the best COMPLETE trial's
+   on the digits, `sampler: random` (--sampler) with `seed`, `asha: {eta, min_epochs: 1}` (rungs 1, 3, 9 for 9
+   epochs; --scheduler asha or hyperband), run by one worker:
+   `python -m runner.sweep search --no-table OUT/search.yaml KEY VALUE ...`. Its compute is the epochs its trials
+   trained (each trial folder's last epoch in metrics.jsonl), its best the best COMPLETE trial's
    val/top1 at the last epoch (the study's value).
 2. Full training: each of the study's N sampled configs (its trials' params, the same tools/train.py arguments)
    trained straight to TRAIN.EPOCHS in OUT/full/trial_N; compute N x EPOCHS, best the highest final val/top1.
@@ -55,8 +57,9 @@ def sweep_file(out: Path, args: argparse.Namespace) -> Path:
     """OUT/search.yaml: the digits over LR and weight decay, random sampler, ASHA from epoch 1."""
     body = {"cfg": str((ROOT / args.cfg).resolve()), "root": str(out / "asha"),
             "set": {**SET, "TRAIN.EPOCHS": args.epochs},
-            "search": {"metric": METRIC, "mode": "max", "trials": args.trials, "sampler": "random",
-                       "seed": args.seed, "asha": {"eta": args.eta, "min_epochs": 1}, "space": SPACE}}
+            "search": {"metric": METRIC, "mode": "max", "trials": args.trials, "sampler": args.sampler,
+                       "scheduler": args.scheduler, "seed": args.seed, "asha": {"eta": args.eta, "min_epochs": 1},
+                       "space": SPACE}}
     path = out / "search.yaml"
     path.write_text(json.dumps(body, indent=1) + "\n")  # JSON is YAML
     return path
@@ -175,6 +178,7 @@ def report(args, asha_run: dict, full: dict, rnd: dict, cost: dict, before: str)
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_before": before, "load_after": load(),
         "cfg": args.cfg, "set": {**SET, "TRAIN.EPOCHS": args.epochs}, "extra": args.overrides, "space": SPACE,
         "trials": args.trials, "eta": args.eta, "seed": args.seed, "rungs": list(asha_run["search"].rungs),
+        "sampler": args.sampler, "scheduler": args.scheduler,
         "asha": {k: asha_run[k] for k in ("epochs", "segments", "promotions", "reached", "complete", "failed",
                                           "best", "best_trial", "wall_s")} | {"best_params": best_cfg},
         "full": {"epochs": full["epochs"], "best": full_best, "best_trial": max(full["finals"],
@@ -182,7 +186,8 @@ def report(args, asha_run: dict, full: dict, rnd: dict, cost: dict, before: str)
                  "finals": {str(n): v for n, v in sorted(full["finals"].items())},
                  "asha_best_rank": 1 + sum(v > full["finals"][asha_run["best_trial"]] for v in full["finals"].values()),
                  "asha_complete_equal": all(full["finals"][t.number] == t.value for t in asha_run["done"])},
-        "random": rnd, "overhead": cost,
+        "random": rnd if args.sampler == "random" else "n/a: the first N' configs are the sampler's, not random's",
+        "overhead": cost,
         "goals": {"compute_ratio": ratio, "compute_met": ratio <= COMPUTE_GOAL, "gap_points": gap,
                   "quality_met": gap <= QUALITY_GOAL},
     }
@@ -196,6 +201,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=9)
     p.add_argument("--eta", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sampler", default="random", choices=("random", "tpe"),
+                   help="the search's sampler (step 3's random-search figure holds for random only)")
+    p.add_argument("--scheduler", default="asha", choices=("asha", "hyperband"), help="the search's scheduler")
     p.add_argument("--repeats", type=int, default=5, help="pairs of runs timed for the overhead")
     p.add_argument("--overhead-lr", type=float, default=0.004, help="the config timed for the overhead: TRAIN.LR")
     p.add_argument("--overhead-wd", type=float, default=0.05, help="... and TRAIN.WEIGHT_DECAY")
