@@ -24,8 +24,6 @@ ACTIVE_S = 120.0
 SKIP_DIRS = {CHECKPOINTS, PROFILE}
 # Files whose modification time shows that a run is alive
 ACTIVITY_FILES = (RUN_JSON, METRICS, LOG, f"{CHECKPOINTS}/{LAST}")
-# The states `state` says; "missing": no folder, or no run in it
-STATES = ("done", "running", "interrupted", "failed", "missing")
 
 
 def read_object(out: str | os.PathLike, name: str) -> tuple[dict[str, Any] | None, str]:

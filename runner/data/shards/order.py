@@ -49,11 +49,6 @@ class EpochPlan:
         g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch, SALT_BLOCKS + k * 1_000_003 + b))
         return torch.randperm(stop - start, generator=g).tolist()
 
-    def locate(self, v: int) -> tuple[int, int]:
-        """(shard index in the index's order, member within it) of virtual index v."""
-        j = int(torch.searchsorted(self.starts, torch.tensor(v), right=True)) - 1
-        return self.perm[j], v - int(self.starts[j])
-
     def pieces(self, start: int, stop: int) -> list[tuple[int, int, int]]:
         """The virtual range [start, stop) as (shard, first member, end member) pieces, in order."""
         out = []
