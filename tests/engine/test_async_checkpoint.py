@@ -106,15 +106,6 @@ def background(tmp_path: Path, period: int = 0) -> Checkpointer:
     return Checkpointer(tmp_path, period, 3, DIST, background=True)
 
 
-@pytest.fixture
-def signal_handlers():
-    """Preemption takes over SIGTERM/SIGUSR1/SIGINT (and ignores them after a stop): give them back."""
-    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield
-    for s, h in old.items():
-        signal.signal(s, h)
-
-
 def test_the_run_end_waits_for_its_last_write(tmp_path):
     ck = background(tmp_path, period=1)
     probe = Probe(ck)

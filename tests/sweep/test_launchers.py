@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sweep.test_search import fake, fake_search  # noqa: F401  (fake: the stand-in trainer's fixture)
+from tests.sweep.test_search import fake_search
 from tests.test_sweep_trust import run_sh as sweep_run_sh
 from tests.utils import ROOT, assert_user_error
 

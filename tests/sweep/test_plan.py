@@ -12,19 +12,7 @@ import pytest
 from runner.sweep import worker
 from runner.sweep.plan import epochs, reach
 from runner.sweep.search import load_search
-from tests.sweep.test_search import FAKE, ROOT, calls, search_file
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    """tools/train.py replaced by fake_train.py; the worker's signal handlers restored afterwards."""
-    import signal
-
-    monkeypatch.setattr(worker, "TRAIN_PY", FAKE)
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield monkeypatch
-    for s, handler in saved.items():
-        signal.signal(s, handler)
+from tests.sweep.test_search import ROOT, calls, search_file
 
 
 @pytest.mark.parametrize("scheduler, reached, spent", [("asha", [27, 9, 3], 63), ("hyperband", [14, 12, 8], 86)])

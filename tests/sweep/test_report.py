@@ -13,7 +13,7 @@ from runner.sweep import worker
 from runner.sweep.report import write_report
 from runner.sweep.search import load_search
 from runner.sweep.study import open_study
-from tests.sweep.test_search import fake, record, search_file  # noqa: F401  (fake: the stand-in trainer fixture)
+from tests.sweep.test_search import record, search_file
 
 NS = "{http://www.w3.org/2000/svg}"
 LOG_AND_CHOICE = "    TRAIN.LR: {log: [1.0e-4, 1.0]}\n    TRAIN.OPTIMIZER: {choice: [sgd, adamw]}\n"

@@ -12,19 +12,7 @@ from runner.sweep import schedulers, worker
 from runner.sweep.hyperband import Hyperband, deal, shares
 from runner.sweep.search import load_search
 from runner.sweep.study import open_study
-from tests.sweep.test_search import FAKE, refused, search_file
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    """tools/train.py replaced by fake_train.py; the worker's signal handlers restored afterwards."""
-    import signal
-
-    monkeypatch.setattr(worker, "TRAIN_PY", FAKE)
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield monkeypatch
-    for s, handler in saved.items():
-        signal.signal(s, handler)
+from tests.sweep.test_search import refused, search_file
 
 
 def hyperband_search(tmp_path, trials: int, more: str = ""):

@@ -315,18 +315,6 @@ def test_two_workers_never_take_the_same_job(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # The worker loop with a stand-in trainer; continuing and refusing a study
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.fixture
-def fake(monkeypatch):
-    """tools/train.py replaced by tests/sweep/fake_train.py (no torch); the worker's signal handlers restored."""
-    import signal
-
-    monkeypatch.setattr(worker, "TRAIN_PY", FAKE)
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield monkeypatch
-    for s, handler in saved.items():
-        signal.signal(s, handler)
-
-
 def calls(root: Path) -> dict[str, list[str]]:
     """Each trial folder's fake_train calls (the epoch ranges it trained)."""
     return {d.name: (d / "calls.txt").read_text().split() for d in sorted(root.glob("trial_*"))

@@ -3,10 +3,7 @@ checker, and the checker catches a planted violation in a real Optuna journal.""
 from __future__ import annotations
 
 import importlib.util
-import signal
 from pathlib import Path
-
-import pytest
 
 from runner.sweep import worker
 from runner.sweep.study import distributions, open_study, trial_handle
@@ -22,16 +19,7 @@ def bench():
     return module
 
 
-@pytest.fixture
-def signals():
-    """This process's signal handlers restored afterwards (the study code may install the worker's)."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
-
-
-def test_eight_workers_and_a_kill_leave_a_correct_study(tmp_path, signals):
+def test_eight_workers_and_a_kill_leave_a_correct_study(tmp_path, signal_handlers):
     scale = bench()
     args = scale.parse(["--workers", "8", "--trials", "9", "--epochs", "3", "--epoch-s", "0.05", "0.15",
                         "--poll-s", "0.1", "--storms", "1", "--storm-window", "0.5", "--deadline-s", "60"])
@@ -42,7 +30,7 @@ def test_eight_workers_and_a_kill_leave_a_correct_study(tmp_path, signals):
     assert row["latency_s"]["take"]["n"] >= row["segments"] and row["journal_bytes"] > 0
 
 
-def test_the_checker_finds_a_rung_reported_without_the_one_below(tmp_path, signals):
+def test_the_checker_finds_a_rung_reported_without_the_one_below(tmp_path, signal_handlers):
     search = fake_search(tmp_path)  # rungs 1, 3; 4 trials
     with worker.locked(search.root):
         study = open_study(search)

@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from optuna.trial import TrialState
 
 from runner.sweep import asha, worker
@@ -21,16 +20,6 @@ from runner.sweep.search import load_search
 from runner.sweep.study import distributions, open_study, trial_handle
 from tests.sweep.test_search import FAKE, ROOT, calls, fake_search, search_file
 from tests.utils import env, is_alive, wait_until
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    """tools/train.py replaced by fake_train.py; the worker's signal handlers restored afterwards."""
-    monkeypatch.setattr(worker, "TRAIN_PY", FAKE)
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield monkeypatch
-    for s, handler in saved.items():
-        signal.signal(s, handler)
 
 
 def quiet(_line: str) -> None:

@@ -1,0 +1,15 @@
+"""The search tests' stand-in trainer."""
+from pathlib import Path
+
+import pytest
+
+from runner.sweep import worker
+
+FAKE = Path(__file__).resolve().parent / "fake_train.py"
+
+
+@pytest.fixture
+def fake(monkeypatch, signal_handlers):
+    """tools/train.py replaced by tests/sweep/fake_train.py (no torch); the worker's signal handlers restored."""
+    monkeypatch.setattr(worker, "TRAIN_PY", FAKE)
+    return monkeypatch
