@@ -22,9 +22,9 @@ from pathlib import Path
 from runner.errors import UserError, argument_error, cli
 from runner.rundir import reader
 from runner.rundir.layout import HANG, RESULTS, RUN_JSON
+from runner.rundir.lock import IN_USE as BUSY  # the run lock's refusal: another task trains this point
 
 HUNG_REQUEUES = 1  # a hung task (exit 76) is requeued this many times, then left failed
-BUSY = "is in use by a running job"  # the run lock's refusal: another task trains this point
 PREEMPTED, HUNG = 75, 76
 
 
