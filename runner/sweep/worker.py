@@ -177,7 +177,7 @@ def _ranks_code(search: Search, number: int, code: int, started: float) -> int:
         fresh = False
     if fresh:
         return EXIT_PREEMPTED
-    return EXIT_USER if any(IN_USE in line for line in segment_lines(search, number)) else code
+    return EXIT_USER if refused_busy(search, number) else code
 
 
 def wait_free(search: Search, number: int, stop: StopRequest, log=print) -> bool:
@@ -264,7 +264,13 @@ def _released(search: Search, job: asha.Job, code: int, stopping: bool) -> bool:
     ended it while it was starting, or its folder was still held by another process (it waits, then resumes)."""
     if code in STOP_CODES or (code < 0 and stopping):
         return True
-    return code == EXIT_USER and any(IN_USE in line for line in segment_lines(search, job.number)[-3:])
+    return code == EXIT_USER and refused_busy(search, job.number)
+
+
+def refused_busy(search: Search, number: int) -> bool:
+    """Whether the trial's latest segment was refused because another process held its folder (under torchrun the
+    rank's line is followed by torchrun's own report, so any line of the segment counts, not only the last)."""
+    return any(IN_USE in line for line in segment_lines(search, number))
 
 
 def segment_lines(search: Search, number: int) -> list[str]:

@@ -93,6 +93,13 @@ def test_a_busy_refusal_from_the_trial_releases_it(tmp_path, fake):
     worker.finish(search, study, job, 2)
     trial = trials_of(search)[0]
     assert trial.state == TrialState.RUNNING and trial.user_attrs[asha.JOB]["worker"] is None
+    # under torchrun the rank's refusal is followed by torchrun's report, and torchrun exits 1
+    report = "".join(f"torch.distributed.elastic: line {i}\n" for i in range(8))
+    log.write_text(f"{worker.HEADER}start\n{search.trial_dir(0)} is in use by a running job (pid 1 on h)\n{report}")
+    worker.mark(study, 0, {"epoch": 1, "worker": "h:1", "since": 0})
+    worker.finish(search, study, job, worker._ranks_code(search, 0, 1, time.time()))
+    trial = trials_of(search)[0]
+    assert trial.state == TrialState.RUNNING and trial.user_attrs[asha.JOB]["worker"] is None
 
 
 def test_a_killed_worker_leaves_no_orphan_and_its_rerun_finishes(tmp_path):
