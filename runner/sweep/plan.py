@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from runner.sweep.schedulers import build
 from runner.sweep.search import Search
 from runner.sweep.study import journal_path
 
 
 def reach(search: Search) -> list[int]:
     """How many trials train to each rung (rung order), synchronous successive halving per starting rung."""
-    scheduler = build(search.scheduler, search.rungs, search.eta, search.maximize, search.trials)
+    scheduler = search.schedule()
     starts = Counter(search.rungs.index(scheduler.first_rung(n)) for n in range(search.trials))
     out = [0] * len(search.rungs)
     for first, count in starts.items():

@@ -31,7 +31,7 @@ from runner.config.schema import ABSENT, coerce_value, inline_yaml, lookup
 from runner.errors import UserError, one_line
 from runner.sweep.asha import rungs as rung_list
 from runner.sweep.points import train_argv
-from runner.sweep.schedulers import SCHEDULERS, build
+from runner.sweep.schedulers import SCHEDULERS, Scheduler, build
 from runner.sweep.spec import Sweep, Value, read_sweep, token_for
 
 KEYS = ("metric", "mode", "trials", "sampler", "seed", "space", "asha", "scheduler")
@@ -84,6 +84,10 @@ class Search:
     def maximize(self) -> bool:
         """True when a larger metric is better."""
         return self.mode == "max"
+
+    def schedule(self) -> Scheduler:
+        """The search's scheduler (`scheduler:`, asha by default) over its rungs, eta, mode and trials."""
+        return build(self.scheduler, self.rungs, self.eta, self.maximize, self.trials)
 
     def trial_dir(self, number: int) -> str:
         """The run folder of trial `number`."""

@@ -31,7 +31,7 @@ from runner.rundir.layout import CONFIG, ENV
 from runner.sweep import asha, worker
 from runner.sweep.search import TRIAL_PREFIX, Search
 from runner.sweep.summary import TrialView
-from runner.sweep.worker import live, scheduler_of
+from runner.sweep.worker import live
 
 STATES = ("done", "training", "paused", "stopped", "failed", "to resume", "to start")
 _NPROC = re.compile(r" --nproc_per_node=(\d+) ")
@@ -80,7 +80,7 @@ def trial_state(trial: FrozenTrial, rungs: Sequence[int], is_live: Callable[[Fro
 
 def ended_with_budget(search: Search, trials: Sequence[FrozenTrial], is_live: Callable[[FrozenTrial], bool]) -> bool:
     """True when the search has nothing more to do: no job to hand out (its scheduler's), nobody training."""
-    return not asha.busy(trials, is_live) and scheduler_of(search).next_job(trials, is_live) is None
+    return not asha.busy(trials, is_live) and search.schedule().next_job(trials, is_live) is None
 
 
 def idle(trials: Sequence[FrozenTrial]) -> bool:

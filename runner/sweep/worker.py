@@ -35,7 +35,6 @@ from runner.rundir.layout import LOCK as RUN_LOCK
 from runner.rundir.layout import RUN_JSON
 from runner.rundir.lock import IN_USE, is_locked
 from runner.sweep import asha
-from runner.sweep.schedulers import Scheduler, build
 from runner.sweep.search import Search
 from runner.sweep.study import distributions, make_sampler, open_study, trial_handle
 
@@ -106,20 +105,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def scheduler_of(search: Search) -> Scheduler:
-    """The search's scheduler (`search: scheduler:`, asha by default), over its rungs, eta, mode and trials."""
-    return build(search.scheduler, search.rungs, search.eta, search.maximize, search.trials)
-
-
 def take(search: Search, study: optuna.Study) -> tuple[asha.Job | None, bool]:
     """(the job this worker takes, or None; whether other workers still train), decided under the lock."""
     is_live = functools.partial(live, search)
     trials = study.get_trials(deepcopy=False)  # a look without the lock first: most polls find nothing to do,
-    if scheduler_of(search).next_job(trials, is_live) is None:  # and N idle workers would queue on it for that
+    if search.schedule().next_job(trials, is_live) is None:  # and N idle workers would queue on it for that
         return None, asha.busy(trials, is_live)
     with locked(search.root):
         trials = study.get_trials(deepcopy=False)  # again: another worker may have taken it meanwhile
-        job = scheduler_of(search).next_job(trials, is_live)
+        job = search.schedule().next_job(trials, is_live)
         if job is None:
             return None, asha.busy(trials, is_live)
         if job.number is None:
