@@ -114,7 +114,11 @@ def _leave_the_line_to_rank_0(code: int) -> None:
     mistake's own code; if rank 0 never does (another node, other arguments), this rank speaks after the wait.
     """
     signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
-    time.sleep(RELAY_WAIT_S)
+    # short sleeps: a SIGTERM the kernel hands to another thread (gloo's) does not cut the main thread's sleep
+    # short, and its handler runs only once the main thread runs Python again (seen: a second line after 20 s)
+    deadline = time.monotonic() + RELAY_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
