@@ -151,9 +151,9 @@ def relay_failure(error: BaseException) -> None:
             ended = board.verdict()
             if ended is not None:  # the job already ended (rank 0 reported a hang): this error is its echo
                 _exit(ended[0])
-            # rank 0 exits once it has reported this line, and torchrun then SIGTERMs this rank: it exits with
-            # its own code anyway, so the signal may not cut it short
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            # rank 0 exits once it has reported this line, and torchrun then SIGTERMs this rank: the signal ends
+            # it quietly with its own code (ignored, it was lost, and the rank spoke a second line 20 s later)
+            signal.signal(signal.SIGTERM, lambda *_: _exit(code))
             trace = "" if code in (EXIT_USER, EXIT_PREEMPTED) else "".join(traceback.format_exception(error))
             board.post_failure(code, line, trace)
             if board.await_verdict(VERDICT_WAIT, 0.1, -1) is not None:
