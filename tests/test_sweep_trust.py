@@ -2,8 +2,8 @@
 or search worker its GPUs, and says each mistake in one line.
 
 The tests run the real script with PYTHON set to a tiny fake interpreter that records the argv of each point
-(train.py, or torchrun with train.py) and of each search worker, and hands everything else (the plan, the table,
-the free-port probe) to the real one, so they take a second and see the exact arguments.
+(train.py, or torchrun with train.py) and of each search worker, and hands everything else (the launcher,
+`python -m runner.sweep run`, and the table) to the real one, so they take a second and see the exact arguments.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.utils import assert_user_error, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "configs" / "digits" / "test_resnet.yaml"
-PLAN = "plan.py"
+LAUNCHER = ["-m", "runner.sweep", "run"]  # python -m runner.sweep run: the launcher run.sh execs
 
 FAKE = f"""#!{sys.executable}
 import json, os, sys
@@ -185,8 +185,10 @@ def test_every_point_is_checked_once_before_any_starts(tmp_path: Path, fake_pyth
     out = run_sh(tmp_path, str(path), "TRAIN.EPOCHS", "3", PYTHON=str(fake_python), ARGV_LOG=str(log),
                  CALL_LOG=str(calls))
     assert out.returncode == 0 and len(points(log)) == 4, out.stdout + out.stderr
-    plans = [c for c in calls.read_text().splitlines() if PLAN in " ".join(json.loads(c))]
-    assert len(plans) == 2  # one Python process built all four points' configs, each time
+    called = [json.loads(c) for c in calls.read_text().splitlines()]
+    assert sum(c[:3] == LAUNCHER for c in called) == 2  # the launcher, once per run.sh
+    # besides it, only the points and the table: one Python process built all four points' configs, each time
+    assert all(c[:3] == LAUNCHER or c[0].endswith(("train.py", "summarize.py")) for c in called), called
 
 
 @pytest.fixture

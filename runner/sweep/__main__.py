@@ -1,4 +1,12 @@
-"""python -m runner.sweep: a sweep file's points for the bash launchers of tools/sweeps/ (no torch is imported).
+"""python -m runner.sweep: sweep files run, listed and searched (no torch is imported by this process).
+
+    python -m runner.sweep run [--jobs N] [--num-gpus N] [--nproc N] [--max-restarts N] [--root DIR] \
+        FILE [KEY VALUE ...]
+
+run: the launcher of tools/sweeps/run.sh (runner/sweep/launch.py): every point not done, JOBS at once, each on
+its own GPUs (under torchrun with NPROC), then the table; a search: file runs JOBS search workers instead. Each
+option defaults to its environment variable (JOBS, NUM_GPUS, NPROC, MAX_RESTARTS, SWEEP_ROOT). Exit 0 done, 1
+some point failed, 75 some point stopped (saved: run it again), 2 a mistake (nothing started).
 
     python -m runner.sweep points [--no-paths] [--root DIR] FILE [KEY VALUE ...]
     python -m runner.sweep root FILE
@@ -49,7 +57,8 @@ from runner.errors import UserError, cli
 from runner.sweep.points import Point, load_points
 from runner.sweep.spec import read_sweep
 
-USAGE = ("usage: python -m runner.sweep points [--no-paths] [--root DIR] FILE [KEY VALUE ...] | "
+USAGE = ("usage: python -m runner.sweep run [--jobs N] [--nproc N] FILE [KEY VALUE ...] | "
+         "python -m runner.sweep points [--no-paths] [--root DIR] FILE [KEY VALUE ...] | "
          "python -m runner.sweep root FILE | "
          "python -m runner.sweep search [--table | --no-table] [--nproc N] FILE [KEY VALUE ...] | "
          "python -m runner.sweep plan FILE [KEY VALUE ...]")
@@ -86,7 +95,7 @@ def _options(args: list[str]) -> tuple[bool, str | None, list[str]]:
 
 @cli
 def main(argv: Sequence[str] | None = None) -> int:
-    """Answer `points` or `root`; everything is checked before a byte is written to stdout."""
+    """Run one subcommand; `points` and `root` check everything before a byte is written to stdout."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
         print(__doc__)
@@ -103,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from runner.sweep.search import load_search
 
         print(render_plan(load_search(args[0], args[1:])))
+    elif command == "run":
+        from runner.sweep.launch import run_command  # the slot pool: tools/sweeps/run.sh's launcher
+
+        return run_command(args)
     elif command == "search":
         from runner.sweep.cli import search_command  # Optuna is imported by the search only
 

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 
 from runner.errors import UserError, cli
 from runner.sweep.__main__ import encode
-from runner.sweep.points import load_points
-from runner.sweep.spec import read_sweep
+from runner.sweep.launch import read_plan
 
 USAGE = "usage: tools/sweeps/plan.py [--no-paths] [--root DIR] [--] FILE [KEY VALUE ...]"
 
@@ -41,19 +40,9 @@ def parse(args: list[str]) -> tuple[bool, str | None, str, list[str]]:
 
 
 def plan(path: str, extra: list[str], root: str | None, check_paths: bool) -> bytes:
-    """The NUL-ended fields of the module's docstring for the sweep file at `path`."""
-    sweep = read_sweep(path)
-    if sweep.search is None:
-        sweep, points = load_points(path, extra, root=root, check_paths=check_paths)
-        head = ["points", root if root is not None else sweep.root]
-        return b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in head) + encode(points)
-    if root is not None:
-        raise UserError(f"sweep {path}: a search keeps its study in its file's root: ({sweep.root}); unset "
-                        "SWEEP_ROOT and give root: in the file instead")
-    from runner.sweep.search import load_search  # the data sources' table: only for a search
-
-    search = load_search(path, extra)
-    return b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in ("search", search.root))
+    """The NUL-ended fields of the module's docstring for the sweep file at `path` (runner.sweep.launch's plan)."""
+    kind, root, points = read_plan(path, extra, root, check_paths)
+    return b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in (kind, root)) + encode(points)
 
 
 @cli
