@@ -9,8 +9,8 @@ MAX_RESTARTS, SWEEP_ROOT; PYTHON is the interpreter of the points and workers (d
 lets train.py judge done points. Every point's config (or the search) is checked first, in this process: a
 mistake is one line and exit 2 before anything starts. A done point is skipped without starting Python (its
 folder's results.json, read by runner.rundir's reader). JOBS points run at once (launch_pool.py: logs, signals,
-exit codes), each on its own GPUs (CUDA_VISIBLE_DEVICES, else nvidia-smi; NUM_GPUS caps or sets the count), under
-torchrun with its own rendezvous port when NPROC is given. A file with search: runs JOBS workers of
+exit codes), each on its own GPUs (launch_devices.py: CUDA_VISIBLE_DEVICES, else nvidia-smi; NUM_GPUS caps or sets
+the count), under torchrun with its own rendezvous port when NPROC is given. A file with search: runs JOBS workers of
 `python -m runner.sweep search --no-table FILE` (with NPROC: `--nproc N`, NPROC GPUs per worker), then the
 study's table; points end with tools/summarize.py's table of ROOT.
 """
@@ -27,7 +27,8 @@ from pathlib import Path
 from runner.errors import UserError
 from runner.rundir import reader
 from runner.rundir.layout import RESULTS
-from runner.sweep.launch_pool import Pool, free_port, say, shell_word
+from runner.sweep.launch_devices import default_jobs, free_port, gpu_list, slot_env
+from runner.sweep.launch_pool import Pool, say, shell_word
 from runner.sweep.points import Point, load_points
 from runner.sweep.spec import read_sweep
 
@@ -101,33 +102,6 @@ def _env(name: str) -> str | None:
     return None if value is None or (value == "" and name in UNSET_WHEN_EMPTY) else value
 
 
-def gpu_list(num_gpus: int | None) -> list[str]:
-    """The device ids: CUDA_VISIBLE_DEVICES (set but empty: none), else nvidia-smi's; NUM_GPUS caps (or, where
-    nvidia-smi is missing, sets) the count."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [x for x in re.split(r"[,\s]+", visible) if x]
-    else:
-        found = _nvidia_smi_count()
-        ids = [str(i) for i in range(num_gpus if num_gpus is not None else found)]
-    gpus = ids[:num_gpus] if num_gpus is not None else ids
-    if not gpus:
-        say("sweep: no GPU found: points run on the CPU")
-    return gpus
-
-
-def _nvidia_smi_count() -> int:
-    """How many GPUs `nvidia-smi -L` lists (0 where it is missing or fails)."""
-    program = shutil.which("nvidia-smi")
-    if program is None:
-        return 0
-    try:
-        out = subprocess.run([program, "-L"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(line.startswith("GPU") for line in out.splitlines())
-
-
 def interpreter() -> str:
     """PYTHON (a program on PATH or a path), else this interpreter: what runs every point and worker."""
     py = os.environ.get("PYTHON") or sys.executable
@@ -160,14 +134,6 @@ def grid_file(launch: Launch, root: str | None) -> str:
     return path
 
 
-def slot_env(gpus: list[str], slot: int, count: int) -> dict[str, str]:
-    """The environment of a process in `slot`: `count` GPUs of its own, wrapping around the list (none without)."""
-    env = dict(os.environ)
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[(slot * count + i) % len(gpus)] for i in range(count))
-    return env
-
-
 def point_done(point: Point) -> bool:
     """True when the point's folder is a done run, as runner.rundir's reader says (no torch, no new process)."""
     if os.environ.get("SWEEP_RECHECK"):  # let train.py decide (e.g. after raising TRAIN.EPOCHS)
@@ -188,11 +154,6 @@ def open_pool(slots: int, root: str, unit: str, torchrun: bool) -> Pool:
     pool.install()
     say(f"sweep: {root}, {slots} {unit}(s) at a time")
     return pool
-
-
-def default_jobs(gpus: list[str], nproc: int) -> int:
-    """One process per `nproc` GPUs where there are at least two such groups; else one at a time."""
-    return len(gpus) // nproc if len(gpus) >= 2 * nproc else 1
 
 
 def check_nproc(setting: Setting, gpus: list[str]) -> int | None:

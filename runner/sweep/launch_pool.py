@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runner.errors import EXIT_OK, EXIT_PREEMPTED, EXIT_USER
@@ -188,13 +187,3 @@ def header(name: str, argv: list[str], env: dict[str, str]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S %z")
     return (f"=== {when} start {name} on {socket.gethostname()} (sweep pid {os.getpid()}):"
             f"{''.join(' ' + shell_word(a) for a in shown)}\n")
-
-
-def free_port(taken: Callable[[], set[int]]) -> int:
-    """A TCP port free now and not given to a running process of this sweep."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("localhost", 0))
-            port = s.getsockname()[1]
-        if port not in taken():
-            return port

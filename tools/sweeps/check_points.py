@@ -3,7 +3,7 @@
     ... | check_points.py [--no-paths]
 
 Standard input: per point its name, the number N of its tools/train.py arguments, then those N arguments, each
-ended by a NUL byte (tools/sweeps/common.sh's sweep_check writes it). Prints nothing and exits 0 when every
+ended by a NUL byte (tools/sweeps/slurm.sh's run_point writes it). Prints nothing and exits 0 when every
 config loads; otherwise one line, 'point NAME: what is wrong', and exit 2. --no-paths skips the checks that data
 and checkpoint files exist (slurm.sh: the compute nodes may see other files than the login node).
 """
