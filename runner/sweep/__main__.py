@@ -32,7 +32,7 @@ root: prints the sweep's root folder and a newline (`root=$(python -m runner.swe
 
 grid: writes the sweep file of a command-line grid into the sweep's root and prints its path (runner/sweep/grid.py).
 
-    python -m runner.sweep search [--table | --no-table] [--nproc N] FILE [KEY VALUE ...]
+    python -m runner.sweep search [--table | --no-table] [--nproc N] [--cold] FILE [KEY VALUE ...]
 
 search: runs ONE worker of the file's search: (runner/sweep/search.py) until the study in ROOT/study.journal is
 done, then prints its table and the best trial's command and writes ROOT/report.html. Run several at once (one
@@ -40,7 +40,8 @@ machine or a cluster's shared file system) and they share the study. Exit 0 done
 trial saved: run it again), 1 when every finished trial failed. --table: the table only (trains nothing);
 --no-table: the worker only. --nproc N: each trial's segments under torchrun with N processes (gloo on the CPU,
 one GPU each where there are GPUs; every worker of a study should give the same N: the global batch is
-DATA.BATCH_SIZE x N).
+DATA.BATCH_SIZE x N). Each one-process segment is forked from the worker's warm server, which imported torch,
+timm and the runner once (runner/sweep/warm.py); --cold: each segment a new `python tools/train.py` instead.
 
     python -m runner.sweep plan FILE [KEY VALUE ...]
 
@@ -60,7 +61,7 @@ from runner.sweep.spec import read_sweep
 USAGE = ("usage: python -m runner.sweep run [--jobs N] [--nproc N] FILE [KEY VALUE ...] | "
          "python -m runner.sweep points [--no-paths] [--root DIR] FILE [KEY VALUE ...] | "
          "python -m runner.sweep root FILE | "
-         "python -m runner.sweep search [--table | --no-table] [--nproc N] FILE [KEY VALUE ...] | "
+         "python -m runner.sweep search [--table | --no-table] [--nproc N] [--cold] FILE [KEY VALUE ...] | "
          "python -m runner.sweep plan FILE [KEY VALUE ...]")
 
 

@@ -12,7 +12,7 @@ from runner.sweep.study import open_study
 from runner.sweep.table import render
 from runner.sweep.worker import run_worker
 
-OPTIONS = ("--table", "--no-table")
+OPTIONS = ("--table", "--no-table", "--cold")
 
 
 def search_command(args: list[str], usage: str) -> int:
@@ -24,11 +24,12 @@ def search_command(args: list[str], usage: str) -> int:
             nproc = _count(args.pop(0) if args else "", usage)
         else:
             flags.append(flag)
-    if not args or args[0].startswith("-") or len(flags) > 1:
+    if not args or args[0].startswith("-") or len(set(flags) - {"--cold"}) > 1:
         raise UserError(usage)
     search = load_search(args[0], args[1:])
     log = functools.partial(print, flush=True)
-    code = EXIT_OK if "--table" in flags else run_worker(search, log=log, nproc=nproc)
+    code = EXIT_OK if "--table" in flags else run_worker(search, log=log, nproc=nproc,
+                                                                 cold="--cold" in flags)
     study = open_study(search, create=False)  # a read: the journal's own lock suffices
     if "--no-table" not in flags and study is None:
         print(f"no study in {search.root} yet", flush=True)

@@ -34,7 +34,7 @@ from runner.rundir import reader
 from runner.rundir.layout import LOCK as RUN_LOCK
 from runner.rundir.layout import RUN_JSON
 from runner.rundir.lock import IN_USE, is_locked
-from runner.sweep import asha
+from runner.sweep import asha, warm
 from runner.sweep.search import Search
 from runner.sweep.study import distributions, make_sampler, open_study, trial_handle
 
@@ -49,6 +49,7 @@ BUSY_POLL_S = 0.2  # how often a worker waiting for a trial's folder (held by a 
 MAX_KILLS = 3
 KILLS = "kills"  # trial user attr: its segments killed by a signal since its last rung value
 PR_SET_PDEATHSIG = 1  # prctl(2)
+WARM_PRELOAD = warm.PRELOAD  # what each worker's warm server imports (the tests' torch-free trainer needs none)
 
 
 @contextlib.contextmanager
@@ -139,8 +140,10 @@ def command(search: Search, trial: FrozenTrial, epoch: int, nproc: int = 1) -> l
     return argv if epoch >= search.rungs[-1] else [*argv, "--pause-after-epoch", str(epoch)]
 
 
-def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest, log=print, nproc: int = 1) -> int:
-    """Run the trial's segment as a subprocess (output appended to ROOT/logs/trial_N.log); its exit code."""
+def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest, log=print, nproc: int = 1,
+          server: warm.WarmServer | None = None) -> int:
+    """Run the trial's segment (forked from `server`, else a new process; output appended to
+    ROOT/logs/trial_N.log); its exit code."""
     if not wait_free(search, trial.number, stop, log):
         return EXIT_PREEMPTED  # stopped while waiting: the job is released as a stop's
     path = _log_path(search, trial.number)
@@ -150,7 +153,10 @@ def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest, log
         out.write(_log_header(trial.number, epoch, argv).encode())
         out.flush()  # before the child writes to the same file
         started = time.time()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_bound_to(os.getpid()))
+        if server is None:  # cold: under torchrun, which starts its own ranks
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_bound_to(os.getpid()))
+        else:
+            proc = server.segment(argv[1:], path)
         stop.child = proc
         try:
             code = proc.wait()
@@ -330,16 +336,29 @@ class StopRequest:
             child.send_signal(signum)
 
 
-def run_worker(search: Search, poll_s: float = POLL_S, log=print, nproc: int = 1) -> int:
+def run_worker(search: Search, poll_s: float = POLL_S, log=print, nproc: int = 1, cold: bool = False) -> int:
     """Take and train jobs until the study is done (0) or a signal stops this worker (75); each segment under
     torchrun with `nproc` processes when nproc > 1 (give every worker of a study the same count: the global
-    batch is DATA.BATCH_SIZE x processes)."""
+    batch is DATA.BATCH_SIZE x processes), else forked from this worker's warm server (unless `cold`)."""
     stop = StopRequest()
     stop.install()
-    study = open_study(search, create=False)  # a read, outside the lock: N workers starting need not queue on it
-    if study is None:
-        with locked(search.root):  # made once, by the first worker
-            study = open_study(search)
+    server = warm.WarmServer(WARM_PRELOAD) if nproc == 1 and not cold else None
+    if server is not None:
+        server.start()  # its imports run while this worker opens the study and takes its first job
+    try:
+        study = open_study(search, create=False)  # a read, outside the lock: N workers starting need not queue
+        if study is None:
+            with locked(search.root):  # made once, by the first worker
+                study = open_study(search)
+        return _work(search, study, stop, poll_s, log, nproc, server)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _work(search: Search, study: optuna.Study, stop: StopRequest, poll_s: float, log, nproc: int,
+          server: warm.WarmServer | None) -> int:
+    """run_worker's loop: take a job, train its segment, record it; until done (0) or stopped (75)."""
     while not stop.requested:
         job, others = take(search, study)
         if job is None and not others:
@@ -349,7 +368,7 @@ def run_worker(search: Search, poll_s: float = POLL_S, log=print, nproc: int = 1
             continue
         trial = study.get_trials(deepcopy=False)[job.number]
         log(f"search: trial {job.number}: {job.why}, to epoch {job.epoch} ({search.trial_dir(job.number)})")
-        code = train(search, trial, job.epoch, stop, log, nproc)
+        code = train(search, trial, job.epoch, stop, log, nproc, server)
         finish(search, study, job, code, stop.requested)
         log(progress(search, study.get_trials(deepcopy=False), job))
         if code in STOP_CODES or stop.requested:

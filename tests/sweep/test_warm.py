@@ -1,0 +1,128 @@
+"""Warm segments (runner/sweep/warm.py, runner/sweep/warmserver.py): a segment forked from the worker's warm server
+behaves as a new `python SCRIPT ARGS` process: its exit code and the signal that killed it come back, its output is
+appended to its log, its stdin is not the server's requests, nothing it does is seen by the next segment, a stop
+signal reaches it, a SIGTERM to the server itself (a job's process group) leaves the server serving, a lost server
+reads as a kill (resumed, never a failure), and the server's imports make no CUDA call (a fork could not use it)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from runner.sweep.warm import PRELOAD, WarmServer
+from tests.utils import ROOT, env, wait_until
+
+SCRIPT = """\
+import os, select, signal, sys, time
+from pathlib import Path
+print("argv", sys.argv[1:], flush=True)
+ready = select.select([sys.stdin], [], [], 5)[0]  # /dev/null is at its end at once; the server's pipe would wait
+print("stdin", repr(sys.stdin.read()) if ready else "not the null device", flush=True)
+print("seen", os.environ.get("SEGMENT_MARK"), flush=True)
+os.environ["SEGMENT_MARK"] = sys.argv[1]
+if sys.argv[1] == "wait":
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))
+    Path(sys.argv[2]).write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.02)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+print("err", file=sys.stderr, flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A warm server importing nothing (the script needs no torch), closed at the end."""
+    (tmp_path / "seg.py").write_text(SCRIPT)
+    warm = WarmServer(preload=[])
+    warm.start()
+    yield warm
+    warm.close()
+
+
+def test_exit_codes_output_and_no_state_between_segments(tmp_path, server):
+    log = tmp_path / "seg.log"
+    log.write_text("earlier\n")
+    assert server.segment([str(tmp_path / "seg.py"), "3", "x y"], log).wait() == 3
+    assert server.segment([str(tmp_path / "seg.py"), "0"], log).wait() == 0
+    assert server.segment([str(tmp_path / "seg.py"), "kill"], log).wait() == -signal.SIGKILL
+    lines = log.read_text().splitlines()
+    assert lines[:6] == ["earlier", "argv ['3', 'x y']", "stdin ''", "seen None", "err", "argv ['0']"]
+    assert lines.count("seen None") == 3  # the first segment's environment change is not the next one's
+    assert server.proc.poll() is None
+
+
+def test_a_stop_signal_reaches_the_segment_and_the_server_outlives_a_group_sigterm(tmp_path, server):
+    pid_file = tmp_path / "pid"
+    seg = server.segment([str(tmp_path / "seg.py"), "wait", str(pid_file)], tmp_path / "seg.log")
+    wait_until(lambda: pid_file.exists() and pid_file.read_text(), server.proc, "the segment's pid", 30)
+    assert int(pid_file.read_text()) == seg.pid and seg.poll() is None
+    os.kill(server.proc.pid, signal.SIGTERM)  # as a SIGTERM to the job's process group reaches it: held back
+    seg.send_signal(signal.SIGTERM)
+    assert seg.wait() == 75 and seg.poll() == 75
+    assert server.proc.poll() is None
+    assert server.segment([str(tmp_path / "seg.py"), "4"], tmp_path / "seg.log").wait() == 4
+
+
+def test_a_lost_server_reads_as_a_kill_and_the_next_segment_restarts_it(tmp_path, server):
+    pid_file = tmp_path / "pid"
+    seg = server.segment([str(tmp_path / "seg.py"), "wait", str(pid_file)], tmp_path / "seg.log")
+    wait_until(lambda: pid_file.exists() and pid_file.read_text(), server.proc, "the segment's pid", 30)
+    first = server.proc.pid
+    os.kill(first, signal.SIGKILL)
+    assert seg.wait() == -signal.SIGKILL  # the worker resumes such a segment (worker.finish), never fails it
+    _wait(lambda: not _alive(seg.pid), "the segment ending with its server (it saves: exit 75)")
+    assert server.segment([str(tmp_path / "seg.py"), "5"], tmp_path / "seg.log").wait() == 5
+    assert server.proc.pid != first
+
+
+def test_the_server_dies_with_its_worker(tmp_path):
+    """kill -9 of the worker: its server goes, and the segment gets SIGTERM (it saves and exits 75)."""
+    (tmp_path / "seg.py").write_text(SCRIPT)
+    pid_file = tmp_path / "pid"
+    script = ("import sys, time; from runner.sweep.warm import WarmServer; s = WarmServer(preload=[]); "
+              f"seg = s.segment([{str(tmp_path / 'seg.py')!r}, 'wait', {str(pid_file)!r}], "
+              f"{str(tmp_path / 'seg.log')!r}); print(s.proc.pid, flush=True); time.sleep(600)")
+    worker = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    server = int(worker.stdout.readline())
+    wait_until(lambda: pid_file.exists() and pid_file.read_text(), worker, "the segment's pid", 60)
+    segment = int(pid_file.read_text())
+    worker.kill()
+    worker.wait()
+    _wait(lambda: not _alive(server) and not _alive(segment), "the server and the segment gone")
+
+
+@pytest.mark.slow
+def test_the_server_imports_make_no_cuda_call():
+    code = ("import importlib, json, sys, torch; calls = []; real = torch._C._cuda_getDeviceCount\n"
+            "torch._C._cuda_getDeviceCount = lambda: calls.append(1) or real()\n"
+            "[importlib.import_module(m) for m in json.loads(sys.argv[1])]\n"
+            "print(len(calls), torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(PRELOAD)], cwd=ROOT, env=env(), text=True,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["0", "False"], out.stderr
+
+
+def _wait(ready, what: str, timeout: float = 30) -> None:
+    """Block until `ready()`, failing after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < end, f"not within {timeout} s: {what}"
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
