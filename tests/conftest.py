@@ -2,7 +2,12 @@
 
 The test process is an entry point like tools/*.py: runner.startup.prepare() runs before any test imports torch.
 """
+import logging
+import os
 import signal
+import sys
+import threading
+import warnings
 
 import pytest
 
@@ -11,6 +16,7 @@ from runner.startup import prepare
 prepare()
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (the session's SLURM for tests/test_slurm.py)
+from tests.utils import ROOT, call_main
 
 
 @pytest.fixture
@@ -20,3 +26,52 @@ def signal_handlers():
     yield
     for s, handler in old.items():
         signal.signal(s, handler)
+
+
+@pytest.fixture
+def in_process(capsys, monkeypatch, signal_handlers):
+    """`in_process(tool, args)`: tools/<tool>'s main(args) in this process (tests.utils.call_main), run from the
+    repository as run_tool runs it; what a tool may change in its process is given back after the test (the
+    environment, the runner's log handlers and Python's warnings capture, torch's thread count, signal handlers),
+    and a thread it left running fails the test."""
+    monkeypatch.chdir(ROOT)
+    environ, threads = dict(os.environ), set(threading.enumerate())
+    loggers = _logger_state()
+    shown, kept = warnings.showwarning, logging._warnings_showwarning
+    torch_threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+    yield lambda tool, args: call_main(tool, args, capsys)
+    _give_back_loggers(loggers)
+    warnings.showwarning, logging._warnings_showwarning = shown, kept
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(torch_threads or sys.modules["torch"].get_num_threads())
+    os.environ.clear()
+    os.environ.update(environ)
+    left = [t for t in threading.enumerate() if t not in threads and (t.join(5) or t.is_alive())]
+    assert not left, f"threads left running by the tool: {left}"
+
+
+def _logger_state() -> dict[str, tuple]:
+    """The handlers, level and propagation of the loggers a tool sets up, and runner.sinks.logs's own record of
+    the set-up (a spawned loader worker repeats it)."""
+    from runner.sinks import logs
+
+    names = ("runner", "py.warnings", "")
+    state = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).level, logging.getLogger(n).propagate)
+             for n in names}
+    return {**state, "setup": logs._SETUP}
+
+
+def _give_back_loggers(state: dict[str, tuple]) -> None:
+    """Put the loggers back as `_logger_state` found them, closing the handlers added since (log.txt's file)."""
+    from runner.sinks import logs
+
+    logs._SETUP = state.pop("setup")
+    for name, (handlers, level, propagate) in state.items():
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+    logs._EARLY.records.clear()

@@ -1,6 +1,7 @@
-"""Helpers for tests that drive the real command-line tools in subprocesses."""
+"""Helpers for tests that drive the real command-line tools, in subprocesses or through their main(argv)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from runner.threads import MARKER
 
@@ -55,6 +57,33 @@ def run_tool(tool: str, args: list[str], timeout: float = 300, **kw) -> subproce
     """Run tools/<tool> with the venv's python; capture text output."""
     return subprocess.run([sys.executable, str(ROOT / "tools" / tool), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=kw.pop("env", env()), **kw)
+
+
+_TOOLS: dict[str, ModuleType] = {}
+
+
+def tool_module(tool: str) -> ModuleType:
+    """tools/<tool> imported from its path once per test process (tools/ is no package; the prepare() its import
+    runs is a no-op after conftest's)."""
+    if tool not in _TOOLS:
+        path = ROOT / "tools" / tool
+        spec = importlib.util.spec_from_file_location(f"tools_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _TOOLS[tool] = module
+    return _TOOLS[tool]
+
+
+def call_main(tool: str, args: list[str], capsys) -> subprocess.CompletedProcess:
+    """tools/<tool>'s main(args) in this process, answered as run_tool answers: the exit code that runner.errors.cli
+    ends it with, and what it printed (use the `in_process` fixture, which gives back what a tool may change)."""
+    import pytest
+
+    capsys.readouterr()  # what the test printed before is not the tool's
+    with pytest.raises(SystemExit) as ended:
+        tool_module(tool).main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess([tool, *args], ended.value.code, out.out, out.err)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -1,4 +1,5 @@
-"""runner/config/ keeps a user's paths and folders apart and ends every bad input in one line (issue 13)."""
+"""runner/config/ keeps a user's paths and folders apart, ends every bad input in one line (through
+tools/train.py's main, in this process) and takes every accepted value of DEVICE, DIST.BACKEND and LOG.PROGRESS."""
 from __future__ import annotations
 
 import os
@@ -158,13 +159,13 @@ BAD = [
 
 
 @pytest.mark.parametrize("args, fragment", BAD, ids=[f"{i}-{a[-1][-24:]}" for i, (a, _) in enumerate(BAD)])
-def test_bad_input_is_one_line_and_quick(tmp_path, args, fragment):
+def test_bad_input_is_one_line_and_quick(tmp_path, in_process, args, fragment):
     for name, text in FILES.items():
         write(tmp_path / name, text)
     (tmp_path / "binary.yaml").write_bytes(b"a:\x00\x01\x02" + bytes(range(3, 128)) * 8)
     write(tmp_path / "afile", "mine")
     t = time.perf_counter()
-    proc = run_tool("train.py", [a.format(d=tmp_path) for a in args], timeout=60)
+    proc = in_process("train.py", [a.format(d=tmp_path) for a in args])
     line = assert_user_error(proc, fragment.format(d=tmp_path))
     assert time.perf_counter() - t < 5, "refused, but not quickly"
     assert len(line) < 400, line
@@ -176,14 +177,14 @@ def test_bad_input_is_one_line_and_quick(tmp_path, args, fragment):
 # ---------------------------------------------------------------------------------------------------------
 # Tools that read no data do not ask for it
 # ---------------------------------------------------------------------------------------------------------
-def test_flops_and_info_flags_skip_the_data_path_checks():
+def test_flops_and_info_flags_skip_the_data_path_checks(in_process):
     assert not os.path.isdir("/data/imagenet")
     small = ["--cfg", "configs/imagenet/resnet50.yaml", "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "32"]
-    proc = run_tool("flops.py", small, timeout=120)
+    proc = in_process("flops.py", small)
     assert proc.returncode == 0, proc.stderr
     assert '"model": "resnet10t"' in proc.stdout.splitlines()[-1]
     for flag in ("--print-config", "--explain"):
-        proc = run_tool("train.py", ["--cfg", "configs/imagenet/resnet50.yaml", flag], timeout=60)
+        proc = in_process("train.py", ["--cfg", "configs/imagenet/resnet50.yaml", flag])
         assert proc.returncode == 0 and "/data/imagenet" in proc.stdout, proc.stderr
     with pytest.raises(UserError, match="DATA.ROOT '/data/imagenet' is not a folder"):
         load_config(["--cfg", str(REPO / "configs/imagenet/resnet50.yaml")])  # training still checks
@@ -193,8 +194,8 @@ def test_flops_and_info_flags_skip_the_data_path_checks():
 # Every accepted value of DEVICE, DIST.BACKEND, MODEL.COMPILE_MODE, LOG.PROGRESS works
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
-def test_device_cuda_without_cuda_is_one_line(tmp_path):
-    proc = run_tool("train.py", [*TINY, "DEVICE", "cuda", "OUTPUT_DIR", str(tmp_path / "o")], timeout=120)
+def test_device_cuda_without_cuda_is_one_line(tmp_path, in_process):
+    proc = in_process("train.py", [*TINY, "DEVICE", "cuda", "OUTPUT_DIR", str(tmp_path / "o")])
     assert_user_error(proc, "DEVICE is 'cuda' but no CUDA device is visible; use DEVICE cpu or DEVICE auto")
 
 
