@@ -2,8 +2,10 @@
 no folder made or locked. Real tools/train.py runs, alone and under torchrun (gloo, 2 processes)."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -45,6 +47,61 @@ def test_a_global_batch_larger_than_the_split_is_said_before_the_claim(tmp_path)
                          "larger than the training split of DATA.NAME digits (1437 samples)",
                       "DATA.BATCH_SIZE 718 or less")
     assert not out.exists()
+
+
+FOLDER_CHECKS = """
+import json, sys
+from runner import preflight
+from runner.errors import UserError
+
+said = {}
+for name, root, classes in json.loads(sys.argv[1]):
+    cfg, _ = preflight.load_config(["DATA.NAME", "folder", "DATA.ROOT", root, "MODEL.NUM_CLASSES", classes])
+    try:
+        preflight.check_before_claim(cfg, 1)
+        said[name] = None
+    except UserError as e:
+        said[name] = str(e)
+print(json.dumps({"said": said, "torch": "torch" in sys.modules}))
+"""
+
+
+def image_tree(root, train: list[str], val: list[str], loose: int = 0):
+    """DATA.ROOT with train/ and val/ class folders of one (empty) .jpg each, and `loose` images in train/ itself;
+    a split of None classes is left out. Nothing here is opened: the names alone are checked."""
+    for split, classes in (("train", train), ("val", val)):
+        if classes is None:
+            continue
+        (root / split).mkdir(parents=True)
+        for c in classes:
+            (root / split / c).mkdir()
+            (root / split / c / "a.jpg").write_bytes(b"")
+    for i in range(loose):
+        (root / "train" / f"{i}.jpg").write_bytes(b"")
+    return str(root)
+
+
+def test_a_folder_trees_mistakes_are_said_before_torch_loads(tmp_path):
+    # the class count and a tree without class folders were said by the scan, after the claim and torch (13.8 s)
+    cases = [("fine", image_tree(tmp_path / "a", ["x", "y"], ["x", "y"]), "2"),
+             ("more outputs", image_tree(tmp_path / "a2", ["x", "y"], ["x", "y"]), "5"),
+             ("fewer outputs", image_tree(tmp_path / "b", ["x", "y", "z"], ["x", "y", "z"]), "2"),
+             ("loose", image_tree(tmp_path / "c", [], ["x"], loose=3), "1"),
+             ("no val", image_tree(tmp_path / "d", ["x"], None), "1"),
+             ("differ", image_tree(tmp_path / "e", ["x", "y"], ["x", "w"]), "3")]
+    r = subprocess.run([sys.executable, "-c", FOLDER_CHECKS, json.dumps(cases)], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env=env())
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert not got["torch"]
+    said = got["said"]
+    assert said["fine"] is None and said["more outputs"] is None  # more outputs: the scan's warning, later
+    assert said["fewer outputs"] == (f"DATA.ROOT {tmp_path / 'b'} has 3 classes but MODEL.NUM_CLASSES is 2: set "
+                                     "MODEL.NUM_CLASSES 3")
+    assert said["loose"] == (f"empty split {tmp_path / 'c' / 'train'}: its 3 images lie directly in it; move them "
+                             f"into {tmp_path / 'c' / 'train'}/<class>/")
+    assert said["no val"] == f"missing split folder {tmp_path / 'd' / 'val'}: expected DATA.ROOT/val/<class>/<images>"
+    assert said["differ"] == "class folders differ between train and val: only in train: y; only in val: w"
 
 
 @pytest.mark.slow

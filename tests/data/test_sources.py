@@ -99,6 +99,9 @@ def test_the_table_says_what_the_runner_asks():
 
 def test_the_table_and_the_checks_import_no_torch(tmp_path):
     """The table, each built-in source's module and its checks run before the claim, where torch is not loaded."""
+    for split in ("train", "val"):  # the folder's check before the claim lists the class folders
+        (tmp_path / split / "a").mkdir(parents=True)
+        (tmp_path / split / "a" / "x.jpg").write_bytes(b"")
     code = textwrap.dedent(f"""
         import sys
         from runner import preflight
