@@ -58,6 +58,11 @@ def write_bad_files(root: Path) -> dict[str, Path]:
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     """Digits JPEGs (6 per class) plus three bad files, a hidden class folder and hidden files inside classes."""
+    return make_tree(tmp_path)
+
+
+def make_tree(tmp_path: Path) -> Path:
+    """The `tree` fixture's folder, under tmp_path/data."""
     root = export_digits_jpegs(tmp_path / "data", size=32, per_class=6)
     write_bad_files(root)
     hidden = root / "train/.ipynb_checkpoints"
@@ -370,10 +375,10 @@ def tree_with_test_split(tmp_path: Path) -> tuple[Path, str]:
     return root, str(write_yaml(tmp_path / "c.yaml", root, "  TEST_SPLIT: test\n"))
 
 
-def test_check_data_counts_and_lists_the_test_splits_bad_files(tmp_path: Path):
+def test_check_data_counts_and_lists_the_test_splits_bad_files(tmp_path: Path, in_process):
     """DATA.TEST_SPLIT is checked like train and val (issue 46, item 12): its column of counts, its bad files."""
     root, cfg = tree_with_test_split(tmp_path)
-    res = run_tool("check_data.py", "--cfg", cfg)
+    res = in_process("check_data.py", ["--cfg", cfg])
     assert res.returncode == 1, res.stderr
     header = next(ln for ln in res.stdout.splitlines() if ln.startswith("class"))
     assert header.split() == ["class", "train", "val", "test"]
@@ -383,22 +388,22 @@ def test_check_data_counts_and_lists_the_test_splits_bad_files(tmp_path: Path):
     assert total.split()[1:] == ["20", "(+1", "bad)", "10", "10", "(+2", "bad)"]
 
 
-def test_check_data_refuses_a_test_split_the_run_refuses(tmp_path: Path):
+def test_check_data_refuses_a_test_split_the_run_refuses(tmp_path: Path, in_process):
     """A test class folder train lacks, or a missing test folder: a structural problem, exit 2, one line."""
     root, cfg = tree_with_test_split(tmp_path)
     (root / "test/zebra").mkdir()
     shutil.copy(next((root / "test/0").glob("*.jpg")), root / "test/zebra/z.jpg")
-    unknown = run_tool("check_data.py", "--cfg", cfg)
+    unknown = in_process("check_data.py", ["--cfg", cfg])
     assert unknown.returncode == 2 and unknown.stderr.strip().count("\n") == 0, unknown.stderr
     assert "zebra" in unknown.stderr and "train/3/zero.jpg" in unknown.stdout  # train's report is still made
     shutil.rmtree(root / "test")
-    missing = run_tool("check_data.py", "--cfg", cfg)
+    missing = in_process("check_data.py", ["--cfg", cfg])
     assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0, missing.stderr
     assert "TEST_SPLIT" in missing.stderr and str(root / "test") in missing.stderr
 
 
-def test_check_data_help_states_exit_codes():
-    res = run_tool("check_data.py", "--help")
+def test_check_data_help_states_exit_codes(in_process):
+    res = in_process("check_data.py", ["--help"])
     assert res.returncode == 0 and "1 bad files found" in res.stdout and "2 structural" in res.stdout
 
 
@@ -440,10 +445,12 @@ def test_training_over_budget_stops_with_exit_2(tree: Path, tmp_path: Path):
     assert "DATA.BAD_FILE_BUDGET" in res.stderr and "Traceback" not in res.stderr
 
 
-@pytest.fixture
-def run_time_failure(tree: Path, tmp_path: Path) -> subprocess.CompletedProcess:
-    """DATA.CHECK False: the bad files are only met by the loader workers, during training."""
-    return run_tool("train.py", "--cfg", str(write_yaml(tmp_path / "c.yaml", tree)), "OUTPUT_DIR",
+@pytest.fixture(scope="module")
+def run_time_failure(tmp_path_factory) -> subprocess.CompletedProcess:
+    """DATA.CHECK False: the bad files are only met by the loader workers, during training (one run, read by the
+    tests below)."""
+    tmp_path = tmp_path_factory.mktemp("run_time_failure")
+    return run_tool("train.py", "--cfg", str(write_yaml(tmp_path / "c.yaml", make_tree(tmp_path))), "OUTPUT_DIR",
                     str(tmp_path / "run"), "DATA.CHECK", "False", *TINY)
 
 

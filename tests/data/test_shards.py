@@ -228,26 +228,28 @@ BEFORE_WRITING = [
 
 
 @pytest.mark.parametrize("what, breakage, extra, fragments", BEFORE_WRITING, ids=[b[0] for b in BEFORE_WRITING])
-def test_bad_layouts_and_settings_are_refused_before_writing(small, tmp_path, what, breakage, extra, fragments):
+def test_bad_layouts_and_settings_are_refused_before_writing(small, tmp_path, what, breakage, extra, fragments,
+                                                            in_process):
     root = shutil.copytree(small, tmp_path / "shards")
     if breakage:
         rewrite_file(root / breakage[0], breakage[1])
     out = tmp_path / "out"
-    assert_user_error(run_tool("train.py", train_argv(root, out, *extra), timeout=120), *fragments)
+    assert_user_error(in_process("train.py", train_argv(root, out, *extra)), *fragments)
     assert not out.exists()
 
 
-def test_a_stream_count_the_world_size_cannot_take_is_refused(small, tmp_path):
+def test_a_stream_count_the_world_size_cannot_take_is_refused(small, tmp_path, in_process, monkeypatch):
     out = tmp_path / "out"
-    got = run_tool("train.py", train_argv(small, out, "DATA.SHARD_STREAMS", "4"), env=env(WORLD_SIZE="3"))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    got = in_process("train.py", train_argv(small, out, "DATA.SHARD_STREAMS", "4"))
     assert_user_error(got, "DATA.SHARD_STREAMS 4 cannot be split evenly among 3 processes", "run on 1, 2, 4")
     assert not out.exists()
 
 
-def test_a_url_that_404s_is_named(small, tmp_path):
+def test_a_url_that_404s_is_named(small, tmp_path, in_process):
     srv = Server(small, tmp_path / "served.log")
     try:
-        got = run_tool("train.py", train_argv(f"{srv.url}/nowhere", tmp_path / "out", "DATA.SHARD_RETRIES", "2"))
+        got = in_process("train.py", train_argv(f"{srv.url}/nowhere", tmp_path / "out", "DATA.SHARD_RETRIES", "2"))
     finally:
         srv.stop()
     assert_user_error(got, f"{srv.url}/nowhere/class_map.json cannot be fetched after 2 tries", "404")
@@ -279,11 +281,11 @@ def test_bad_shards_are_named(small, tmp_path, what, how, extra, fragments):
     assert_user_error(got, *fragments)
 
 
-def test_make_shards_refuses_bad_arguments(small, tmp_path):
+def test_make_shards_refuses_bad_arguments(small, tmp_path, in_process):
     assert_user_error(run_tool("make_shards.py", [str(small.parent / "jpegs"), str(small)]), "is not empty")
-    assert_user_error(run_tool("make_shards.py", [str(tmp_path), str(tmp_path / "x")]), "needs train/ and val/")
-    assert_user_error(run_tool("make_shards.py", [str(small.parent / "jpegs"), str(tmp_path / "y"),
-                                                  "--shard-size", "0"]), "--shard-size 0")
+    assert_user_error(in_process("make_shards.py", [str(tmp_path), str(tmp_path / "x")]), "needs train/ and val/")
+    assert_user_error(in_process("make_shards.py", [str(small.parent / "jpegs"), str(tmp_path / "y"),
+                                                    "--shard-size", "0"]), "--shard-size 0")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
@@ -376,16 +378,16 @@ def test_same_layout_with_workers_resumes_bit_identically(fifty, tmp_path):
     assert_same_run(out, ref)
 
 
-def test_check_data_reads_every_sample(small, tmp_path):
+def test_check_data_reads_every_sample(small, tmp_path, in_process):
     args = ["--cfg", DIGITS, "DATA.NAME", "shards", "DATA.SHARD_STREAMS", "2", "DATA.ROOT"]
-    clean = run_tool("check_data.py", [*args, str(small)])
+    clean = in_process("check_data.py", [*args, str(small)])
     assert clean.returncode == 0 and "60 samples read" in clean.stdout and "all samples are readable" in clean.stdout
     root = variant(small, tmp_path / "bad", shard="train-000001.tar", change=each_member(".jpg", JPEG_GARBAGE))
-    bad = run_tool("check_data.py", [*args, str(root)])
+    bad = in_process("check_data.py", [*args, str(root)])
     assert bad.returncode == 1 and "10 bad samples" in bad.stdout and "train-000001.tar 00000" in bad.stdout
 
 
-def test_check_data_reads_the_test_splits_shards(small, tmp_path):
+def test_check_data_reads_the_test_splits_shards(small, tmp_path, in_process):
     """DATA.TEST_SPLIT's shards are read too (issue 46, item 12): its column of counts and its bad samples."""
     root = shutil.copytree(small, tmp_path / "with_test")
     shutil.copytree(small / "val", root / "test")
@@ -397,8 +399,8 @@ def test_check_data_reads_the_test_splits_shards(small, tmp_path):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    got = run_tool("check_data.py", ["--cfg", DIGITS, "DATA.NAME", "shards", "DATA.SHARD_STREAMS", "2", "DATA.ROOT",
-                                     str(root), "DATA.TEST_SPLIT", "test"])
+    got = in_process("check_data.py", ["--cfg", DIGITS, "DATA.NAME", "shards", "DATA.SHARD_STREAMS", "2",
+                                       "DATA.ROOT", str(root), "DATA.TEST_SPLIT", "test"])
     assert got.returncode == 1, got.stderr
     assert "70 samples read" in got.stdout and "1 bad samples" in got.stdout and "test/val-000000.tar" in got.stdout
     assert next(ln for ln in got.stdout.splitlines() if ln.startswith("class")).split() == [

@@ -28,7 +28,6 @@ from runner.data.indexed import dataset
 from runner.errors import UserError
 from tests.data import indexed_runs as runs
 from tests.engine.test_resume import Launch
-from tests.utils import run_tool
 
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -255,10 +254,10 @@ def test_two_processes_download_once_into_data_root(server, tmp_path):
     assert json.loads((out / "results.json").read_text())["step"] == 2
 
 
-def test_check_data_opens_every_image_of_the_set(mnist):
+def test_check_data_opens_every_image_of_the_set(mnist, in_process):
     """tools/check_data.py reads the set as the run does: every image of train and val decoded, counted per class."""
-    proc = run_tool("check_data.py", ["DATA.NAME", "torchvision", "DATA.SET", "mnist", "DATA.ROOT", str(mnist),
-                                      "MODEL.NUM_CLASSES", "10", "DATA.IMG_SIZE", "16"])
+    proc = in_process("check_data.py", ["DATA.NAME", "torchvision", "DATA.SET", "mnist", "DATA.ROOT", str(mnist),
+                                        "MODEL.NUM_CLASSES", "10", "DATA.IMG_SIZE", "16"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"DATA.NAME torchvision {mnist}: 10 classes, 500 images checked" in proc.stdout
     rows = [line.split()[-2:] for line in proc.stdout.splitlines() if line[:1].isdigit()]  # "0 - zero  40  10"

@@ -1,7 +1,7 @@
 """Hostile shard inputs (issue 34): a served index whose shard names would run shell commands or leave DATA.ROOT
 is refused before the claim, and the placeholders of a pipe: command are quoted; tools/make_shards.py packs no
 file from outside SRC and no file that is not an image; an index that undercounts a shard, and a local shard that
-is missing, are refused."""
+is missing, are refused (the refusals before the claim through the tools' main, in this process)."""
 from __future__ import annotations
 
 import json
@@ -103,7 +103,7 @@ def members(dst: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("target", ["secret", "image"])
-def test_make_shards_refuses_a_link_out_of_src(jpegs, tmp_path, target):
+def test_make_shards_refuses_a_link_out_of_src(jpegs, tmp_path, target, in_process):
     src = shutil.copytree(jpegs, tmp_path / "src")
     outside = tmp_path / "outside.jpg"
     if target == "secret":  # what a link to /etc/shadow would pack
@@ -113,7 +113,7 @@ def test_make_shards_refuses_a_link_out_of_src(jpegs, tmp_path, target):
     link = src / "train" / "0" / "x.jpg"
     link.symlink_to(outside)
     dst = tmp_path / "dst"
-    got = run_tool("make_shards.py", [str(src), str(dst)], timeout=120)
+    got = in_process("make_shards.py", [str(src), str(dst)])
     assert_user_error(got, str(link), str(outside), "outside")
     assert not dst.exists()
 
@@ -127,13 +127,13 @@ def test_make_shards_packs_a_link_inside_src(jpegs, tmp_path):
     assert packed == [first.read_bytes()]
 
 
-def test_make_shards_skips_files_that_are_not_images(jpegs, tmp_path):
+def test_make_shards_skips_files_that_are_not_images(jpegs, tmp_path, in_process):
     src = shutil.copytree(jpegs, tmp_path / "src")
     (src / "train" / "0" / "notes.jpg").write_text("not an image\n")
     good = sorted((src / "train" / "2").iterdir())[0].read_bytes()
     (src / "train" / "2" / "cut.jpg").write_bytes(good[: len(good) // 2])  # truncated
     dst = tmp_path / "dst"
-    got = run_tool("make_shards.py", [str(src), str(dst)], timeout=120)
+    got = in_process("make_shards.py", [str(src), str(dst)])
     assert got.returncode == 0, got.stderr
     skipped = [line for line in got.stderr.splitlines() if line.strip()]
     assert len(skipped) == 2 and all(line.startswith("skipped ") for line in skipped), got.stderr
@@ -188,18 +188,18 @@ def test_training_on_an_index_that_undercounts_a_shard_is_refused(small, tmp_pat
     assert_user_error(got, "train-000000.tar", "holds more than the 8 samples its index gives")
 
 
-def test_check_data_reports_an_undercounting_index(small, tmp_path):
+def test_check_data_reports_an_undercounting_index(small, tmp_path, in_process):
     root = variant(small, tmp_path / "shards", index={"train-000000.tar": 8})
-    got = run_tool("check_data.py", ["--cfg", str(Path(__file__).parents[2] / "configs/digits/resnet18.yaml"),
-                                     "DATA.NAME", "shards", "DATA.SHARD_STREAMS", "2", "DATA.ROOT", str(root)])
+    got = in_process("check_data.py", ["--cfg", str(Path(__file__).parents[2] / "configs/digits/resnet18.yaml"),
+                                       "DATA.NAME", "shards", "DATA.SHARD_STREAMS", "2", "DATA.ROOT", str(root)])
     assert got.returncode == 2 and "holds more than the 8 samples" in got.stderr, got.stdout + got.stderr
 
 
 @pytest.mark.parametrize("split, shard", [("train", "train-000003.tar"), ("val", "val-000000.tar")])
-def test_a_missing_local_shard_is_refused_before_the_claim(small, tmp_path, split, shard):
+def test_a_missing_local_shard_is_refused_before_the_claim(small, tmp_path, split, shard, in_process):
     root = shutil.copytree(small, tmp_path / "shards")
     (root / split / shard).unlink()
     out = tmp_path / "out"
-    got = run_tool("train.py", train_argv(root, out), timeout=120)
+    got = in_process("train.py", train_argv(root, out))
     assert_user_error(got, f"{root / split / 'index.json'}", shard, "does not exist")
     assert not out.exists()

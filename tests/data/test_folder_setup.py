@@ -1,5 +1,6 @@
-"""Image-folder mistakes end in one line at setup (class counts, AUG.AUTO_AUGMENT, MODEL.IN_CHANS, loose files);
-every AUG.REMODE and AUG.INTERPOLATION value works; symbolic-link loops and doubles are counted once."""
+"""Image-folder mistakes end in one line at setup, through the tools' main in this process (class counts,
+AUG.AUTO_AUGMENT, MODEL.IN_CHANS, loose files); every AUG.REMODE and AUG.INTERPOLATION value works; symbolic-link
+loops and doubles are counted once."""
 from __future__ import annotations
 
 import logging
@@ -51,9 +52,10 @@ def folder_cfg(root: Path, *pairs: str):
 
 
 # ---- 1. class counts ---------------------------------------------------------------------------------------
-def test_fewer_outputs_than_folders_is_refused(three: Path, tmp_path: Path):
-    proc = run_tool("train.py", folder_args(three, "MODEL.NUM_CLASSES", "2", "OUTPUT_DIR", str(tmp_path / "o")))
+def test_fewer_outputs_than_folders_is_refused(three: Path, tmp_path: Path, in_process):
+    proc = in_process("train.py", folder_args(three, "MODEL.NUM_CLASSES", "2", "OUTPUT_DIR", str(tmp_path / "o")))
     assert_user_error(proc, f"DATA.ROOT {three} has 3 classes but MODEL.NUM_CLASSES is 2", "set MODEL.NUM_CLASSES 3")
+    assert not (tmp_path / "o").exists()  # said before the claim (runner/data/folder/source.py: known_split)
 
 
 def test_more_outputs_than_folders_trains_with_a_warning(three: Path, caplog):
@@ -62,26 +64,45 @@ def test_more_outputs_than_folders_trains_with_a_warning(three: Path, caplog):
     assert names == ["0", "1", "2"] and "outputs 3..4 never get a target" in caplog.text
 
 
-def test_check_data_compares_the_classes_with_num_classes(three: Path):
-    fewer = run_tool("check_data.py", ["DATA.NAME", "folder", "DATA.ROOT", str(three), "MODEL.NUM_CLASSES", "2"])
+def test_check_data_compares_the_classes_with_num_classes(three: Path, in_process):
+    fewer = in_process("check_data.py", ["DATA.NAME", "folder", "DATA.ROOT", str(three), "MODEL.NUM_CLASSES", "2"])
     assert_user_error(fewer, "has 3 classes but MODEL.NUM_CLASSES is 2")
-    more = run_tool("check_data.py", ["DATA.NAME", "folder", "DATA.ROOT", str(three), "MODEL.NUM_CLASSES", "5"])
+    more = in_process("check_data.py", ["DATA.NAME", "folder", "DATA.ROOT", str(three), "MODEL.NUM_CLASSES", "5"])
     assert more.returncode == 0, more.stderr
     assert "note: MODEL.NUM_CLASSES is 5 but DATA.ROOT has 3 classes" in more.stdout
 
 
 # ---- 3. augmentation settings -------------------------------------------------------------------------------
-@pytest.mark.parametrize("value, fragment", [("rand-mX", "section 'mX' is not one rand takes"),
-                                             ("foo", "unknown policy 'foo'"),
-                                             ("rand-m9-zzz", "section 'zzz'")])
-def test_malformed_auto_augment_is_refused_at_setup(three: Path, tmp_path: Path, value: str, fragment: str):
+MALFORMED = [("rand-mX", "section 'mX' is not one rand takes"), ("foo", "unknown policy 'foo'"),
+             ("rand-m9-zzz", "section 'zzz'")]
+
+
+def test_malformed_auto_augment_is_refused_at_setup(three: Path, tmp_path: Path):
+    # after the claim (the transforms are built with the data): a process of its own, which the failure ends
+    value, fragment = MALFORMED[0]
     proc = run_tool("train.py", folder_args(three, "AUG.AUTO_AUGMENT", value, "OUTPUT_DIR", str(tmp_path / "o")))
     line = assert_user_error(proc, f"AUG.AUTO_AUGMENT '{value}'", fragment, "timm's syntax: rand[-m<int>]")
     assert "augmix" in line and "original|originalr|v0|v0r|3a" in line
+    assert line == f"error: {refusal(three, value)}"  # the transform's own line, as the one below checks the others
 
 
-def test_check_data_refuses_the_transform_settings_training_refuses(three: Path):
-    proc = run_tool("check_data.py", ["DATA.NAME", "folder", "DATA.ROOT", str(three), "MODEL.NUM_CLASSES", "3",
+@pytest.mark.parametrize("value, fragment", MALFORMED)
+def test_malformed_auto_augment_line(three: Path, value: str, fragment: str):
+    line = refusal(three, value)
+    for part in (f"AUG.AUTO_AUGMENT '{value}'", fragment, "timm's syntax: rand[-m<int>]", "augmix",
+                 "original|originalr|v0|v0r|3a"):
+        assert part in line and "\n" not in line
+
+
+def refusal(root: Path, value: str) -> str:
+    """The one line that building the training transform with AUG.AUTO_AUGMENT `value` refuses."""
+    with pytest.raises(UserError) as refused:
+        build_transform(folder_cfg(root, "AUG.AUTO_AUGMENT", value), is_training=True)
+    return str(refused.value)
+
+
+def test_check_data_refuses_the_transform_settings_training_refuses(three: Path, in_process):
+    proc = in_process("check_data.py", ["DATA.NAME", "folder", "DATA.ROOT", str(three), "MODEL.NUM_CLASSES", "3",
                                       "AUG.AUTO_AUGMENT", "rand-mX"])
     assert_user_error(proc, "AUG.AUTO_AUGMENT 'rand-mX': section 'mX'")
 
@@ -168,9 +189,8 @@ def test_links_are_followed_once_without_loops(linked: Path):
     assert index.notes and "under more than one class folder" in index.notes[0]
 
 
-def test_check_data_does_not_hang_on_link_loops(linked: Path):
-    proc = run_tool("check_data.py", ["DATA.NAME", "folder", "DATA.ROOT", str(linked), "MODEL.NUM_CLASSES", "3"],
-                    timeout=60)
+def test_check_data_does_not_hang_on_link_loops(linked: Path, in_process):
+    proc = in_process("check_data.py", ["DATA.NAME", "folder", "DATA.ROOT", str(linked), "MODEL.NUM_CLASSES", "3"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "note:" in proc.stdout and "each is a sample of every class it is under" in proc.stdout
     total = next(line for line in proc.stdout.splitlines() if line.startswith("total"))
@@ -178,19 +198,19 @@ def test_check_data_does_not_hang_on_link_loops(linked: Path):
 
 
 # ---- 9. relatives -------------------------------------------------------------------------------------------------
-def test_images_directly_in_the_split_folder_are_refused(tmp_path: Path):
+def test_images_directly_in_the_split_folder_are_refused(tmp_path: Path, in_process):
     root = tmp_path / "flat"
     for split in ("train", "val"):
         (root / split).mkdir(parents=True)
         for i in range(3):
             Image.new("RGB", (8, 8)).save(root / split / f"{i}.jpg")
-    proc = run_tool("train.py", folder_args(root, "OUTPUT_DIR", str(tmp_path / "o")))
+    proc = in_process("train.py", folder_args(root, "OUTPUT_DIR", str(tmp_path / "o")))
     assert_user_error(proc, f"empty split {root / 'train'}: its 3 images lie directly in it",
                       f"move them into {root / 'train'}/<class>/")
 
 
 
-def test_check_data_on_a_config_without_a_folder_says_so():
+def test_check_data_on_a_config_without_a_folder_says_so(in_process):
     # it said "DATA.ROOT is empty: DATA.NAME folder needs DATA.ROOT", naming a DATA.NAME the config does not have
-    r = run_tool("check_data.py", ["--cfg", str(ROOT / "configs" / "digits" / "resnet18.yaml")])
+    r = in_process("check_data.py", ["--cfg", str(ROOT / "configs" / "digits" / "resnet18.yaml")])
     assert_user_error(r, "checks image folders", "DATA.NAME digits")
