@@ -21,8 +21,17 @@ import sys
 from pathlib import Path
 
 # what the server imports before its first fork (module names): what tools/train.py needs before its first step
-PRELOAD = ["torch", "timm", "runner.config", "runner.preflight", "runner.rundir.rules", "runner.data",
-           "runner.data.workerstart", "runner.engine"]
+PRELOAD = ["torch", "timm", "PIL.Image", "torch.utils.tensorboard", "runner.config", "runner.preflight",
+           "runner.rundir.rules", "runner.rundir.envinfo", "runner.data", "runner.data.workerstart", "runner.engine",
+           "runner.sinks.console", "runner.sinks.jsonl"]
+
+
+def preload_for(data_name: str | None) -> list[str]:
+    """PRELOAD and the modules of the data source DATA.NAME `data_name` (its own and its loader workers')."""
+    from runner.data.sources import SOURCES
+
+    src = SOURCES.get(data_name or "")
+    return PRELOAD + ([src.module, *src.worker_modules] if src is not None else [])
 
 
 class WarmServer:

@@ -342,7 +342,7 @@ def run_worker(search: Search, poll_s: float = POLL_S, log=print, nproc: int = 1
     batch is DATA.BATCH_SIZE x processes), else forked from this worker's warm server (unless `cold`)."""
     stop = StopRequest()
     stop.install()
-    server = warm.WarmServer(WARM_PRELOAD) if nproc == 1 and not cold else None
+    server = warm.WarmServer(_preload(search)) if nproc == 1 and not cold else None
     if server is not None:
         server.start()  # its imports run while this worker opens the study and takes its first job
     try:
@@ -354,6 +354,16 @@ def run_worker(search: Search, poll_s: float = POLL_S, log=print, nproc: int = 1
     finally:
         if server is not None:
             server.close()
+
+
+def _preload(search: Search) -> list[str]:
+    """What the worker's warm server imports: WARM_PRELOAD and the modules of the trials' data source."""
+    import yaml
+
+    if WARM_PRELOAD is not warm.PRELOAD:  # set by the caller (the tests' torch-free trainer)
+        return list(WARM_PRELOAD)
+    name = search.base.get("DATA.NAME")
+    return warm.preload_for(yaml.safe_load(name) if name else None)
 
 
 def _work(search: Search, study: optuna.Study, stop: StopRequest, poll_s: float, log, nproc: int,
