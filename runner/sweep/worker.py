@@ -158,6 +158,8 @@ def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest, log
         else:
             proc = server.segment(argv[1:], path)
         stop.child = proc
+        if stop.requested:  # a stop that came while the segment started (the warm server still importing)
+            proc.send_signal(signal.SIGTERM)
         try:
             code = proc.wait()
         finally:

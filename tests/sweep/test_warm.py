@@ -126,3 +126,30 @@ def _alive(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_stop_while_the_server_still_imports_reaches_the_segment(tmp_path):
+    """SIGTERM to a worker whose warm server is still importing (its first segment asked for): the segment, once
+    forked, is stopped at once (the fake trainer dies of it before training: nothing trained, the job released),
+    and the worker exits 75."""
+    from runner.sweep.search import load_search
+    from runner.sweep.study import open_study
+    from tests.sweep.test_search import FAKE, search_file
+
+    (tmp_path / "slowimport.py").write_text("import time\ntime.sleep(3)  # an import that takes a while\n")
+    path = search_file(tmp_path, "trials: 2\nseed: 1\n")
+    script = ("import sys; from pathlib import Path; from runner.sweep import worker; "
+              "from runner.sweep.search import load_search; "
+              f"worker.TRAIN_PY = Path({str(FAKE)!r}); worker.WARM_PRELOAD = ['slowimport']; "
+              "sys.exit(worker.run_worker(load_search(sys.argv[1]), poll_s=0.1))")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env=env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}"), start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("search: trial 0: new"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 75, out
+    assert not (tmp_path / "out" / "trial_0" / "calls.txt").exists()  # it never trained
+    job = open_study(load_search(str(path)), create=False).trials[0].user_attrs["job"]
+    assert job["worker"] is None  # released: the next worker resumes it
