@@ -12,8 +12,9 @@ Modules, imports running one way (each imports only those above it):
     search   `search:`: the space, metric, mode, sampler, rungs, scheduler, checked against the config
     study    the Optuna study in ROOT/study.journal (the file journal: no server)
     worker   one worker: take a job under ROOT's lock, train it with --pause-after-epoch, report its rung
+    warm, warmserver  each one-process segment forked from the worker's warm server (torch imported once)
     table, report  the trials' table and ROOT/report.html (self-contained)
     plan     `python -m runner.sweep plan`: rungs, trials per rung, epochs, nothing trained
     cli, __main__  `python -m runner.sweep points|root|search ...` for the launchers
-Nothing here imports torch.
+Nothing here imports torch (warmserver, a process of its own, does).
 """
