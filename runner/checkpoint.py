@@ -21,7 +21,7 @@ import torch
 from runner import distributed
 from runner.distributed import Dist
 from runner.errors import UserError
-from runner.fsutil import atomic_link, atomic_write, remove_stale_temps
+from runner.fsutil import atomic_link, atomic_write, fsync_dir, remove_stale_temps
 from runner.rundir.checkpoints import candidates, step_files
 from runner.rundir.layout import BEST, LAST, checkpoints, step_name
 
@@ -68,7 +68,93 @@ def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep:
             atomic_link(path, d / BEST)
         prune(d, step, keep)
         remove_stale_temps(d)
+        if SHARDS_KEY in state:
+            prune_shards(d)
     return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sharded checkpoints (DIST.STRATEGY fsdp): step_N.pth holds everything but the model, optimizer and EMA, which
+# every process writes into a folder beside it (runner.fsdp.Shards, torch.distributed.checkpoint). The folder is
+# written under a temporary name and renamed once whole, and step_N.pth, written after it, is what makes it a
+# checkpoint: a folder no .pth names is never resumed from, and is removed by the next save's pruning.
+# ---------------------------------------------------------------------------------------------------------
+SHARDS_KEY = "shards"  # a sharded checkpoint's entry: its folder's name, beside it (a path once loaded)
+SHARDS_SUFFIX = ".dcp"
+_PARTIAL = ".partial"  # a folder being written: .<name>.partial (not fsutil's temp-file pattern: never unlinked)
+
+
+def write_shards(save, output_dir: str | os.PathLike, step: int, group=None) -> str:
+    """Every process: `save(folder)` into a new folder for `step`; rank 0 renames it into place once every process
+    has written. Returns the folder's name (the same on every rank)."""
+    d = checkpoints(output_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    token = distributed.broadcast_object(f"{time.time_ns():x}", group)  # one name, even across a clock skew
+    name = f"{step_name(step)[:-4]}.{token}{SHARDS_SUFFIX}"
+    partial = d / f".{name}{_PARTIAL}"
+    with held_sigint():
+        save(partial)
+        distributed.barrier()  # DCP's rank 0 writes the metadata last; every rank's files are there too
+        if distributed.rank_and_world()[0] == 0:
+            if not (partial / ".metadata").is_file():
+                raise RuntimeError(f"sharded checkpoint {partial} was written without its .metadata")
+            partial.rename(d / name)
+            fsync_dir(d)
+    return name
+
+
+def shards_whole(folder: Path) -> bool:
+    """A sharded checkpoint's folder is there with its metadata (DCP writes it after every shard)."""
+    return (folder / ".metadata").is_file()
+
+
+def _referenced_shards(d: Path) -> set[str]:
+    """The folders that the .pth files in `d` (step files, last.pth, best.pth) name."""
+    names = set()
+    for p in d.glob("*.pth"):
+        try:
+            name = load_file(p).get(SHARDS_KEY)
+        except Exception:  # noqa: BLE001 - a damaged file names nothing: its folder goes with it
+            continue
+        if isinstance(name, str):
+            names.add(Path(name).name)
+    return names
+
+
+def prune_shards(d: Path) -> None:
+    """Remove the shard folders no checkpoint names any more, and those a killed save left half written."""
+    import shutil
+
+    keep = _referenced_shards(d)
+    for p in d.iterdir():
+        if p.is_dir() and (p.name.endswith(_PARTIAL) or (p.name.endswith(SHARDS_SUFFIX) and p.name not in keep)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def with_shard_path(state: dict, path: Path) -> dict:
+    """`state` of the checkpoint at `path` with its shard folder's full path; ValueError when that folder is
+    missing or was never finished (a resume then falls back to the previous checkpoint)."""
+    name = state.get(SHARDS_KEY)
+    if name is None:
+        return state
+    folder = Path(path).parent / Path(str(name)).name
+    if not shards_whole(folder):
+        raise ValueError(f"its shard folder {folder.name} is missing or incomplete")
+    return {**state, SHARDS_KEY: str(folder)}
+
+
+def read_sharded(obj: dict, path: Path) -> dict:
+    """A sharded checkpoint's dict with its model (and EMA) read whole from its folder, for the tools (eval,
+    predict, export, MODEL.CHECKPOINT); any other dict as it is."""
+    if not isinstance(obj.get(SHARDS_KEY), str):
+        return obj
+    from runner import fsdp
+
+    folder = with_shard_path(obj, path)[SHARDS_KEY]
+    out = {**obj, "model": fsdp.read_model(folder)}
+    if obj.get("ema", False) is None and fsdp.has_part(folder, "ema"):
+        out["ema"] = fsdp.read_model(folder, "ema")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -253,7 +339,7 @@ def find_resumable(output_dir: str | os.PathLike) -> tuple[Path, dict] | None:
             state = load_file(path)
             if "model" not in state or "step" not in state:
                 raise ValueError("not a runner checkpoint (no 'model' or 'step')")
-            return path, state
+            return path, with_shard_path(state, path)
         except Exception as e:  # a truncated, empty or foreign file: fall back to an older one
             log.warning("checkpoint %s is unusable (%s); trying the previous one", path, describe(e))
     return None
@@ -271,7 +357,10 @@ def load_explicit(path: str) -> dict:
     if "model" not in state or "step" not in state:
         raise UserError(f"checkpoint '{path}' is not a runner checkpoint (no 'model'/'step'); "
                         "to start from plain weights use MODEL.CHECKPOINT")
-    return state
+    try:
+        return with_shard_path(state, Path(path))
+    except ValueError as e:
+        raise UserError(f"checkpoint '{path}' cannot be used: {e}; name an earlier checkpoint") from None
 
 
 # ---------------------------------------------------------------------------------------------------------

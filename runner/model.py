@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from runner.checkpoint import NotADict, describe, is_torch_archive, load_file, load_reason, zip_entries
+from runner.checkpoint import NotADict, describe, is_torch_archive, load_file, load_reason, read_sharded, zip_entries
 from runner.distributed import Dist
 from runner.errors import UserError
 from runner.rundir.layout import BEST, CHECKPOINTS
@@ -213,7 +213,12 @@ def load_weights(model: nn.Module, path: str, allow_new_head: bool = False,
     if skipped:
         log.warning("%s: classifier left new for MODEL.NUM_CLASSES %d, skipped: %s", where,
                     _num_classes(model), "; ".join(skipped))
-    model.load_state_dict(sd, strict=False)
+    from runner import fsdp
+
+    if fsdp.sharded_modules(model):  # a sharded model (the run's end's copy of it under fsdp)
+        fsdp.load_whole(model, sd)
+    else:
+        model.load_state_dict(sd, strict=False)
     log.info("weights loaded from %s (%d tensors)", path, len(sd))
     return meta
 
@@ -233,7 +238,7 @@ def read_weights_file(path: str, where: str) -> dict:
         raise UserError(f"{where} is {kind}, not a weights file; give a .pth written by torch.save "
                         "(a runner checkpoint or a state_dict) or a .safetensors file")
     try:
-        return load_file(p)
+        return read_sharded(load_file(p), p)  # a sharded checkpoint's model comes whole from its folder
     except NotADict as e:
         raise UserError(f"{where} holds a {e.found}, not a state_dict (a dict of tensors) nor a "
                         "runner checkpoint") from None
@@ -392,6 +397,11 @@ def prepare_model(model: nn.Module, cfg, dist: Dist) -> tuple[nn.Module, nn.Modu
             raise UserError("MODEL.SYNC_BN needs CUDA devices (torch's SyncBatchNorm does not run on CPU); "
                             "set MODEL.SYNC_BN false, or use a model without BatchNorm")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if cfg.DIST.STRATEGY == "fsdp":  # sharded in place: what runs is what is saved; MODEL.COMPILE is refused
+        from runner import fsdp
+
+        model = fsdp.shard(model, cfg, dist, partial(create_sized, cfg))
+        return model, model
     bare = model
     if dist.distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP

@@ -359,6 +359,15 @@ _C.DIST = CN()
 _C.DIST.BACKEND = "auto"
 # Seconds a collective may wait before the process group gives up (at most 7 days: see schema.py)
 _C.DIST.TIMEOUT_S = 600
+# How the model is spread over the processes: ddp (every process holds the whole model, gradients averaged) | fsdp
+# (FSDP2 fully_shard: parameters, gradients and optimizer state split across the processes, each timm block and the
+# root sharded, runner/fsdp.py; checkpoints written with torch.distributed.checkpoint as a folder beside each
+# step_N.pth, resharded when a run resumes on another number of processes; CHECKPOINT.ASYNC does not apply)
+_C.DIST.STRATEGY = "ddp"
+# fsdp: free each block's gathered parameters after its forward (less memory, one more all-gather in backward)
+_C.DIST.FSDP_RESHARD_AFTER_FORWARD = True
+# fsdp: keep the sharded parameters, gradients and optimizer state in host memory (CUDA devices only)
+_C.DIST.FSDP_CPU_OFFLOAD = False
 # DDP: search for parameters that got no gradient (slower; for models with unused branches)
 _C.DIST.FIND_UNUSED_PARAMETERS = False
 # DDP: broadcast buffers (e.g. BatchNorm statistics) from rank 0 every forward

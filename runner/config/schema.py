@@ -122,6 +122,7 @@ ENUMS = {
     "TRAIN.CLIP_MODE": ("norm", "value", "agc"),
     "AMP.DTYPE": ("bfloat16", "float16"),
     "DIST.BACKEND": ("auto", "nccl", "gloo"),
+    "DIST.STRATEGY": ("ddp", "fsdp"),
     "LOG.PROGRESS": ("auto", "bar", "plain"),
     "LOG.WANDB_MODE": ("online", "offline"),
     "TRAIN.LOSS": ("ce", "bce"),
@@ -396,6 +397,7 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
     if check_files and cfg.MODEL.CHECKPOINT and not os.path.isfile(cfg.MODEL.CHECKPOINT):
         fail("MODEL.CHECKPOINT", f"MODEL.CHECKPOINT {cfg.MODEL.CHECKPOINT!r} is not a file")
     _validate_distill(cfg, fail, check_files)
+    _validate_fsdp(cfg, fail)
     _validate_best(cfg, fail)
     problem = img_size_schedule_problem(cfg.DATA.IMG_SIZE_SCHEDULE)
     if problem is not None:
@@ -404,6 +406,21 @@ def _validate_cross_field(cfg: CN, fail: Callable[..., None], check_files: bool)
     if parse_time_limit(cfg.TRAIN.TIME_LIMIT) is None:
         fail("TRAIN.TIME_LIMIT", f"TRAIN.TIME_LIMIT {cfg.TRAIN.TIME_LIMIT!r} is not a duration: write seconds "
                                  "(3600) or H:MM:SS (1:00:00), or '' for none")
+
+
+def _validate_fsdp(cfg: CN, fail: Callable[..., None]) -> None:
+    """What DIST.STRATEGY fsdp does not combine with (runner/fsdp.py)."""
+    if cfg.DIST.STRATEGY != "fsdp":
+        return
+    if cfg.MODEL.COMPILE:
+        fail("MODEL.COMPILE", "MODEL.COMPILE true does not combine with DIST.STRATEGY fsdp (the sharded model is not "
+                              "compiled per block yet): set MODEL.COMPILE false or DIST.STRATEGY ddp")
+    if cfg.MODEL.CHANNELS_LAST:
+        fail("MODEL.CHANNELS_LAST", "MODEL.CHANNELS_LAST true does not combine with DIST.STRATEGY fsdp (FSDP2 shards "
+                                    "contiguous parameters only): set MODEL.CHANNELS_LAST false")
+    if cfg.TRAIN.CLIP_GRAD > 0 and cfg.TRAIN.CLIP_MODE == "agc":
+        fail("TRAIN.CLIP_MODE", "TRAIN.CLIP_MODE agc does not combine with DIST.STRATEGY fsdp (its per-parameter "
+                                "norms need whole tensors): use TRAIN.CLIP_MODE norm or value")
 
 
 def img_size_schedule_problem(schedule: Any) -> str | None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from runner import distributed, threads
+from runner import distributed, fsdp, threads
 from runner.compat import import_torchvision
 from runner.data import build_data
 from runner.data.loaders import epoch_seed
@@ -109,7 +109,8 @@ def build_step(cfg, dist: Dist, steps_per_epoch: int) -> TrainStep:
     if cfg.TRAIN.EMA:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(bare, decay=cfg.TRAIN.EMA_DECAY, device=dev)
+        make = fsdp.ShardedEma if cfg.DIST.STRATEGY == "fsdp" else ModelEmaV3
+        ema = make(bare, decay=cfg.TRAIN.EMA_DECAY, device=dev)
     fp16_scaling = cfg.AMP.ENABLED and cfg.AMP.DTYPE == "float16" and dev.type == "cuda"
     optimizer = build_optimizer(cfg, bare, dev, dist.world_size, grad_scaler=fp16_scaling)
     scheduler = build_scheduler(cfg, optimizer, steps_per_epoch)
@@ -117,13 +118,18 @@ def build_step(cfg, dist: Dist, steps_per_epoch: int) -> TrainStep:
     scaler = torch.amp.GradScaler(dev.type, init_scale=cfg.AMP.INIT_SCALE, enabled=fp16_scaling)
     mixup, criterion = build_loss(cfg)
     accum = cfg.TRAIN.ACCUM_STEPS
-    # DDP must not all-reduce gradients on accumulation micro-steps
-    no_sync = model.no_sync if dist.distributed and accum > 1 else nullcontext
+    sharded = cfg.DIST.STRATEGY == "fsdp"
+    # DDP (or FSDP) must not reduce gradients on accumulation micro-steps
+    no_sync = nullcontext
+    if dist.distributed and accum > 1:
+        no_sync = partial(fsdp.no_sync, model) if sharded else model.no_sync
+    shards = fsdp.Shards(bare, optimizer, ema.module if ema is not None else None) if sharded else None
     return TrainStep(model, optimizer, bare=bare, scheduler=scheduler, accum=accum, criterion=criterion,
                      mixup=mixup, autocast=autocast, scaler=scaler, clip=build_clip(cfg, bare), no_sync=no_sync,
                      ema=ema, loss_fn=distillation_loss(cfg, model, criterion, dev),
                      reseed=partial(seed_micro_step, cfg.SEED, dist),
-                     norm_stats=CanonicalNormStats(bare, dist.rank) if dist.world_size * accum > 1 else None)
+                     norm_stats=CanonicalNormStats(bare, dist.rank) if dist.world_size * accum > 1 else None,
+                     shards=shards)
 
 
 def build_loss(cfg):

@@ -289,12 +289,17 @@ class Checkpointer(Hook):
         rng = ckpt.capture_rng(self.dist, self.group)  # a collective: every rank's own, on rank 0
         if self.metrics is not None:
             self.metrics.capture(trainer, self.group)  # a collective too: every rank's metric window, on rank 0
+        shards = trainer.stepper.shards
+        if shards is not None:  # DIST.STRATEGY fsdp: every rank writes its shards first (a collective)
+            shards = ckpt.write_shards(shards.save, self.out, trainer.step, self.group)
         if self.dist.is_main:
             self.wait()  # one write in flight at most; one that failed ends the run here, with its own error
             if self.metrics is not None:
                 self.metrics.flush()  # a kill after the save must not lose scalars of the steps it covers
             state = {**self.stored, **trainer.state_dict()}
             state["hooks"][self.state_key] = {"rng": rng}
+            if shards is not None:
+                state[ckpt.SHARDS_KEY] = shards
             self._write(state, trainer.step, best)
 
     def save_now(self, trainer) -> None:
@@ -303,8 +308,9 @@ class Checkpointer(Hook):
         self.wait()
 
     def _write(self, state: dict, step: int, best: bool) -> None:
-        """On this thread; or a host copy here and the write in the writer's thread."""
-        if self.writer is None:
+        """On this thread; or a host copy here and the write in the writer's thread (not for a sharded checkpoint,
+        whose shards were written on the step: its small .pth follows at once)."""
+        if self.writer is None or ckpt.SHARDS_KEY in state:
             ckpt.save_checkpoint(state, self.out, step, self.keep, best)
             return
         t0 = time.monotonic()

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from runner import distributed
-from runner.errors import NonFiniteLoss
+from runner.errors import NonFiniteLoss, UserError
 from runner.optim import ConstantLR
 
 LOSS_SLOTS = 64  # steps' losses kept apart before they are summed (any LOG.PERIOD works: full slots fold early)
@@ -28,12 +28,14 @@ class TrainStep:
                  autocast: Callable = nullcontext, scaler: torch.amp.GradScaler | None = None,
                  clip: Callable | None = None, no_sync: Callable = nullcontext, ema=None,
                  loss_fn: Callable | None = None, reseed: Callable[[int, int], None] | None = None,
-                 norm_stats: Callable[[int], None] | None = None) -> None:
+                 norm_stats: Callable[[int], None] | None = None, shards=None) -> None:
         """`model` is what runs (DDP, compiled); `bare` the module whose weights are saved (default `model`);
         `loss_fn(x, y)` the micro-batch's loss through `model` (default: `criterion(model(x), y)`; distillation's
         adds the teacher's term); `reseed(step, micro_step)` seeds the random draws of each micro-step (dropout,
         drop-path, mixup), so they follow the step and not what ran before in the process; `norm_stats(micro_step)`
-        says before each micro-step whether BatchNorm updates its running statistics (see CanonicalNormStats)."""
+        says before each micro-step whether BatchNorm updates its running statistics (see CanonicalNormStats);
+        `shards` (DIST.STRATEGY fsdp, runner.fsdp.Shards): the model, optimizer and EMA are saved and loaded by it,
+        as a folder every process writes, not in the checkpoint's dict."""
         self.model = model
         self.bare = model if bare is None else bare
         self.optimizer = optimizer
@@ -51,6 +53,7 @@ class TrainStep:
         self.clip = clip
         self.no_sync = no_sync  # DDP must not all-reduce gradients on accumulation micro-steps
         self.ema = ema
+        self.shards = shards
         self.step = 0  # optimizer steps taken: what the schedule and the EMA follow
         self.step_loss: torch.Tensor | None = None
         # each step's loss goes into a slot (one copy: the ops of a running sum and a finiteness check cost a tiny
@@ -170,26 +173,48 @@ class TrainStep:
         self._filled = len(slots)
 
     def state_dict(self) -> dict:
-        """The step's part of a checkpoint: weights, EMA, optimizer, schedule and scaler (not the step count)."""
+        """The step's part of a checkpoint: weights, EMA, optimizer, schedule and scaler (not the step count);
+        sharded, the first three are None here (the Checkpointer has every process write them: self.shards)."""
+        whole = self.shards is None
         return {
-            "model": self.bare.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
-            "optimizer": self.optimizer.state_dict(),
+            "model": self.bare.state_dict() if whole else None,
+            "ema": self.ema.state_dict() if self.ema is not None and whole else None,
+            "optimizer": self.optimizer.state_dict() if whole else None,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Put a checkpoint's weights, EMA, optimizer, scaler and step count back; the LR follows the step."""
-        self.bare.load_state_dict(state["model"])
-        if self.ema is not None and state.get("ema") is not None:
-            self.ema.load_state_dict(state["ema"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.shards is not None:
+            self._load_shards(state)
+        else:
+            self._load_whole(state)
         # no scheduler.load_state_dict for timm's: the LR is a function of the config and the step (set below), and
         # their saved state would bring back the old length, freezing a run extended with TRAIN.EPOCHS at its final
         # LR. A schedule whose state is not the step's (plateau's counters) says so and gets it back
         if getattr(self.scheduler, "saves_state", False):
             self.scheduler.load_state_dict(state["scheduler"])
+        self._load_rest(state)
+
+    def _load_whole(self, state: dict) -> None:
+        """The weights, EMA and optimizer from the checkpoint's dict."""
+        self.bare.load_state_dict(state["model"])
+        if self.ema is not None and state.get("ema") is not None:
+            self.ema.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def _load_shards(self, state: dict) -> None:
+        """The weights, EMA and optimizer from the checkpoint's shard folder (every process: a collective)."""
+        from runner.checkpoint import SHARDS_KEY
+
+        if not state.get(SHARDS_KEY):
+            raise UserError("the checkpoint holds the whole model (DIST.STRATEGY ddp) but this run is DIST.STRATEGY "
+                            "fsdp: resume it with DIST.STRATEGY ddp")
+        self.shards.load(state[SHARDS_KEY])
+
+    def _load_rest(self, state: dict) -> None:
+        """The scaler and the step count; the LR follows the step."""
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = state["step"]
