@@ -93,6 +93,10 @@ def dump_config(cfg: CN) -> str:
 _MAX_YAML_DEPTH = 32  # a config is sections of keys with short lists; PyYAML's composer recurses per level
 _MAX_YAML_NODES = 100_000  # values after expanding aliases and merge keys ("billion laughs" stops here)
 _PY_TAG = "tag:yaml.org,2002:python/"
+# libyaml's loader where PyYAML was built with it (its wheels are): about 13x faster on a stored config.yaml,
+# which every start and every resume parses; the same nodes, marks and errors' lines
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_TOO_DEEP = f"YAML nested deeper than {_MAX_YAML_DEPTH} levels; a config file holds sections of KEY: value"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -112,11 +116,9 @@ def parse_yaml(text: str, name: str,
                chain: tuple[str, ...] = ()) -> tuple[list[tuple[str, int]], list[Entry]]:
     """Safely parse YAML text into (_BASE_ paths with lines, flattened entries with lines)."""
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _LOADER(text)
     except yaml.reader.ReaderError as e:  # control characters: a binary file, or text that is not YAML
-        code = e.character if isinstance(e.character, int) else 0
-        raise UserError(f"{name}: not a YAML text file (character #x{code:04x} at offset {e.position} is not "
-                        "allowed in YAML)") from None
+        raise _not_text(e, name) from None
     try:
         _refuse_huge_yaml(text, name)
         root = loader.get_single_node()
@@ -135,8 +137,12 @@ def parse_yaml(text: str, name: str,
                 _entries_under(loader, key, knode, vnode, name, chain, entries, merged)
         _refuse_flat_duplicates(entries, name)
         return bases, entries
+    except yaml.reader.ReaderError as e:  # libyaml's loader reads the text only as it parses
+        raise _not_text(e, name) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
+        if "maximum nesting depth" in (e.problem or ""):  # libyaml's own bound, met before ours
+            raise UserError(f"{name}:{mark.line + 1}: {_TOO_DEEP}") from None
         line = f":{mark.line + 1}" if mark else ""
         context = e.context or ""
         if e.context and e.context_mark and e.context_mark.line != mark.line:
@@ -151,10 +157,17 @@ def parse_yaml(text: str, name: str,
         loader.dispose()
 
 
+def _not_text(e: yaml.reader.ReaderError, name: str) -> UserError:
+    """The line for YAML text with a character YAML does not allow (a binary file)."""
+    code = e.character if isinstance(e.character, int) else 0
+    return UserError(f"{name}: not a YAML text file (character #x{code:04x} at offset {e.position} is not "
+                     "allowed in YAML)")
+
+
 def _refuse_huge_yaml(text: str, name: str) -> None:
     """Refuse deep nesting and alias expansion past the limits, from the event stream (iterative, cheap)."""
     total, sizes, open_ = 0, {}, []  # values so far (aliases expanded), anchor -> values under it, open nodes
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    for event in yaml.parse(text, Loader=_LOADER):
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent):
             if any(anchor == event.anchor for anchor, _ in open_):
@@ -168,8 +181,7 @@ def _refuse_huge_yaml(text: str, name: str) -> None:
             total += 1
             open_.append((event.anchor, total - 1))
             if len(open_) > _MAX_YAML_DEPTH:
-                raise UserError(f"{name}:{line}: YAML nested deeper than {_MAX_YAML_DEPTH} levels; a config file "
-                                "holds sections of KEY: value")
+                raise UserError(f"{name}:{line}: {_TOO_DEEP}")
         elif isinstance(event, yaml.CollectionEndEvent):
             anchor, start = open_.pop()
             if anchor:
@@ -234,7 +246,7 @@ def _entries_under(loader: yaml.SafeLoader, key: str, knode: yaml.Node, vnode: y
         for sub, sknode, svnode, sub_merged in _mapping_items(loader, vnode, name, key + "."):
             _entries_under(loader, f"{key}.{sub}", sknode, svnode, name, chain, out, merged or sub_merged)
         return
-    raw = vnode.value if isinstance(vnode, yaml.ScalarNode) and vnode.style is None else None
+    raw = vnode.value if isinstance(vnode, yaml.ScalarNode) and not vnode.style else None  # plain: None or ""
     out.append(Entry(key, loader.construct_object(vnode, deep=True), raw,
                      f"{name}:{knode.start_mark.line + 1}", chain, merged))
 
