@@ -282,6 +282,35 @@ def test_a_requeued_search_worker_resumes_its_trial(slurm_cluster: Cluster, tmp_
 
 
 @pytest.mark.slow
+def test_a_requeued_two_process_search_worker_resumes_its_trial_exactly(slurm_cluster: Cluster,
+                                                                       tmp_path: Path) -> None:
+    """NPROC_PER_NODE=2 for a search: the trial trains under torchrun with 2 gloo processes; USR1 mid-trial saves it
+    (75), the worker requeues, the trial resumes, and it equals its config trained straight under torchrun x 2."""
+    path, root = sweep_file(tmp_path, SEARCH.replace("TRAIN.EPOCHS: 2", "TRAIN.EPOCHS: 4, TRAIN.EMA: true").replace(
+        "DATA.BATCH_SIZE: 64", "DATA.BATCH_SIZE: 8").replace("trials: 3", "trials: 1").replace(
+        "  asha: {eta: 2, min_epochs: 1}\n", "")), tmp_path / "sweep"
+    sub = slurm_sh(slurm_cluster, str(path), "LOG.PERIOD", "1", WORKERS="1", NPROC_PER_NODE="2")
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.split("array job ")[1].split()[0]
+    wait_step(root / "trial_0", 20, timeout=180)
+    slurm_cluster.run("scancel", "--signal=USR1", "--full", f"{job}_0")
+    wait_all_ended(slurm_cluster, timeout=400)
+    ev, log = events(root, "worker_0"), (root / "logs" / "trial_0.log").read_text()
+    assert [e["event"] for e in ev] == ["start", "end", "start", "end"], (ev, log[-3000:])
+    assert ev[1]["action"] == "requeue" and ev[1]["rc"] == 75 and ev[3]["action"] == "done", (ev, log[-3000:])
+    assert log.count("torch.distributed.run --standalone --nproc_per_node=2") == 2, log[-3000:]
+    assert "preempted at step" in log and "resumed from" in log and "(2 processes)" in log, log[-3000:]
+    assert [t.state.name for t in study_trials(path, "LOG.PERIOD", "1")] == ["COMPLETE"]
+    ref = tmp_path / "straight"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", TRAIN,
+                           "--cfg", str(root / "trial_0" / "config.yaml"), "OUTPUT_DIR", str(ref)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_same_run(root / "trial_0", ref)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["scontrol-requeue", "scancel-usr1"])
 def test_preempted_task_continues_exactly(slurm_cluster: Cluster, tmp_path: Path, reference: Path, how: str) -> None:
     """A task preempted mid-epoch is requeued, resumes from its checkpoint and ends equal to the run left alone."""
@@ -521,8 +550,10 @@ def test_a_tab_or_newline_in_a_field_is_refused_before_submitting(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["sbatch", *(["s.yaml"] if args[0] != "run" else [])])
 
 
-def run_task(tmp_path: Path, manifest: Path, task: int = 0) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
-    """tools/sweeps/slurm_task.sh on line `task` of `manifest`, with an srun that records its argv and exits 0."""
+def run_task(tmp_path: Path, manifest: Path, task: int = 0,
+             **extra: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """tools/sweeps/slurm_task.sh on line `task` of `manifest` (`extra`: more environment), with an srun that
+    records its argv and exits 0."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     calls = tmp_path / "srun.calls"
@@ -535,6 +566,7 @@ def run_task(tmp_path: Path, manifest: Path, task: int = 0) -> tuple[subprocess.
            "SLURM_ARRAY_TASK_ID": str(task), "SLURM_JOB_ID": "7"}
     for key in ("SLURM_ARRAY_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_GPUS_PER_NODE", "NPROC_PER_NODE"):
         env.pop(key, None)
+    env.update(extra)
     proc = subprocess.run(["bash", str(ROOT / "tools" / "sweeps" / "slurm_task.sh"), str(ROOT / "tools" / "sweeps"),
                            str(manifest)], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     runs = [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
@@ -586,6 +618,32 @@ def test_a_submitted_value_reaches_the_task_unchanged(tmp_path: Path, fake_sbatc
     assert argv[:2] == [sys.executable, str(ROOT / "tools" / "train.py")] and argv[-2:] == [
         "OUTPUT_DIR", str(tmp_path / "sweep" / "lr=0.05,model.name=test_efficientnet")], argv
     assert argv[argv.index("DATA.ROOT") + 1] == value and not mark.exists()
+
+
+def test_a_search_worker_gives_its_trials_nproc_per_node(tmp_path: Path, fake_sbatch: Path) -> None:
+    """NPROC_PER_NODE=2 (or the GPUs per node) for a search: the worker runs once, on one node, with --nproc 2, so
+    each segment of its trials runs under torchrun with 2 processes; one process per trial without it."""
+    path = sweep_file(tmp_path, "search: {trials: 2, space: {TRAIN.LR: {log: [0.001, 0.1]}}}\n")
+    assert slurm_sh(None, str(path), SBATCH=str(fake_sbatch)).returncode == 0
+    manifest = next((tmp_path / "sweep" / "slurm").glob("submit-*.tsv"))
+    worker = ["-m", "runner.sweep", "search"]
+    for env, want in (({"NPROC_PER_NODE": "2"}, ["--nproc", "2"]),
+                      ({"SLURM_GPUS_PER_NODE": "a100:4"}, ["--nproc", "4"]), ({"SLURM_JOB_NUM_NODES": "2"}, []),
+                      ({}, [])):
+        proc, runs = run_task(tmp_path, manifest, **env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        srun = runs[-1]
+        assert "--nodes=1" in srun and srun[srun.index("step") + 1:] == [sys.executable, *worker, *want,
+                                                                          "--no-table", str(path)], (env, srun)
+        assert f"1 node(s) x {want[1] if want else 1} process(es)" in proc.stdout, proc.stdout
+
+
+def test_a_search_on_more_than_one_node_is_refused(tmp_path: Path, fake_sbatch: Path) -> None:
+    """A search worker and its trials' torchrun live on one node: --nodes=2 is one line, nothing submitted."""
+    path = sweep_file(tmp_path, "search: {trials: 2, space: {TRAIN.LR: {log: [0.001, 0.1]}}}\n")
+    assert_user_error(slurm_sh(None, "--nodes=2", str(path), SBATCH=str(fake_sbatch)), "--nodes=2", "WORKERS=K")
+    assert sbatch_calls(fake_sbatch) == [] and not (tmp_path / "sweep").exists()
+    assert slurm_sh(None, "--nodes=1", str(path), SBATCH=str(fake_sbatch)).returncode == 0
 
 
 def markdown_names(table: str) -> list[str]:

@@ -13,8 +13,9 @@
 # --constraint=, ...) reach sbatch unchanged; write them as --name=value. THROTTLE: at most T tasks at once
 # (--array=...%T). WARN_SIGNAL: SIG@SECONDS before the time limit (USR1 or USR2) to the batch shell, which passes
 # USR1 on to the training processes; they save and exit 75 and the task requeues itself. NPROC_PER_NODE: processes
-# per node (default: the GPUs per node, else 1); above 1 or with --nodes above 1 each node runs torchrun through srun
-# (points only: a search's trials are one process each). SBATCH names the sbatch program (default sbatch). Every
+# per node (default: the GPUs per node, else 1); above 1 or with --nodes above 1 each node runs torchrun through srun;
+# a search's worker runs on one node (--nodes above 1 is refused) and, with NPROC_PER_NODE=n above 1, each segment
+# of its trials under torchrun with n processes. SBATCH names the sbatch program (default sbatch). Every
 # point's config (or the search) is checked before anything is submitted (data paths of points are left to the
 # tasks). A single run keeps its SLURM files in DIR.slurm beside DIR. A dependent job writes the table:
 # ROOT/slurm/table.md. See docs/SWEEPS.md, "On a SLURM cluster".
@@ -116,6 +117,10 @@ fi
 
 LINES=()  # the task manifest: one line per task, every field checked (manifest_line), written once all are
 if [[ $KIND == search ]]; then  # K workers; each line: worker_k, root, root, python's arguments
+  for opt in "${SBATCH_OPTS[@]}"; do  # a trial's segment is one torchrun on its worker's node (worker.py)
+    [[ $opt != --nodes=* || ${opt#--nodes=} == 1 ]] || slurm_fail "$opt: a search worker trains its trials on one" \
+      "node (NPROC_PER_NODE processes each); give --nodes=1, and more workers with WORKERS=K"
+  done
   WORKERS=${WORKERS:-${THROTTLE:-1}}
   need_count WORKERS "$WORKERS"
   for ((k = 0; k < WORKERS; k++)); do

@@ -2,9 +2,11 @@
 # One array task of tools/sweeps/slurm.sh (sbatch runs a copy of this file, so the folder comes as argument):
 #   slurm_task.sh TOOLS_SWEEPS_DIR MANIFEST
 # Trains line SLURM_ARRAY_TASK_ID of MANIFEST (TAB-separated fields: point, root, run folder, then python's arguments
-# one per field: tools/train.py's, or a search worker's `-m runner.sweep search`, which is always one process; no
-# field holds a TAB or a newline, slurm.sh refuses them, and none is ever evaluated) through srun: one process, or
-# one torchrun per node with the c10d rendezvous on the allocation's first node. The warning signal (USR1 or
+# one per field: tools/train.py's, or a search worker's `-m runner.sweep search`; no field holds a TAB or a
+# newline, slurm.sh refuses them, and none is ever evaluated) through srun: one process, or one torchrun per node
+# with the c10d rendezvous on the allocation's first node. NPROC_PER_NODE (default: the GPUs per node, else 1) is
+# the processes per node; a search worker runs on one node, and with NPROC_PER_NODE=n above 1 each segment of its
+# trials runs under torchrun with n processes (`search --nproc n`). The warning signal (USR1 or
 # USR2 to this shell) goes on to the training processes as USR1: they save and exit 75, and this task requeues
 # its own array element, which then resumes from the checkpoint. Exit 76 (hung) is requeued once; other
 # failures are not. SIGTERM from SLURM (scontrol requeue, scancel, the time limit) is left to SLURM.
@@ -42,7 +44,7 @@ self=${SLURM_JOB_ID:-0}
 left=$(squeue -h -j "$self" -o %L 2>/dev/null) || left=""
 limit=$("${HELPER[@]}" time-limit "${left:-UNLIMITED}")
 injected=()  # keys this launcher set, not the user: the table does not show them as swept
-train=0  # a point (tools/train.py), not a search worker (python -m runner.sweep search: its trials run one process)
+train=0  # a point (tools/train.py), not a search worker (python -m runner.sweep search: it starts its trials)
 [[ ${args[0]} != */train.py ]] || train=1
 if ((train)) && [[ -n $limit && " ${args[*]} " != *" TRAIN.TIME_LIMIT "* ]]; then
   args+=(TRAIN.TIME_LIMIT "$limit")
@@ -53,8 +55,11 @@ nodes=${SLURM_JOB_NUM_NODES:-1}
 gpus=${SLURM_GPUS_PER_NODE:-}
 gpus=${gpus##*:}  # type:count -> count
 nproc=${NPROC_PER_NODE:-${gpus:-1}}
-((train)) || nodes=1 nproc=1
-if ((nodes == 1 && nproc == 1)); then
+if ((train == 0)); then  # a search worker, on one node: with nproc above 1 each segment of a trial under torchrun
+  nodes=1
+  ((nproc == 1)) || args=("${args[@]:0:3}" --nproc "$nproc" "${args[@]:3}")  # -m runner.sweep search --nproc N ...
+  run=("$PY" "${args[@]}")
+elif ((nodes == 1 && nproc == 1)); then
   run=("$PY" "${args[@]}")
 else
   head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
