@@ -54,7 +54,7 @@ def _segment(argv: list[str], log: str, reply) -> None:
         os.dup2(out, 2)
         os.close(null)
         os.close(out)
-        _die_with(server)
+        die_with(server)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # one sent meanwhile arrives now
         sys.argv = list(argv)
         runpy.run_path(argv[0], run_name="__main__")  # tools/train.py ends the process itself (run_script)
@@ -80,14 +80,14 @@ def _exit_code(code) -> int:
     return 1
 
 
-def _die_with(parent: int, signum: int = signal.SIGTERM) -> None:
-    """Linux: get `signum` when `parent` ends; at once when it already has."""
+def die_with(parent: int, signum: int = signal.SIGTERM, libc=None) -> None:
+    """Linux: get `signum` when process `parent` ends, and at once when it already has (`libc`: loaded already)."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+        (libc or ctypes.CDLL(None, use_errno=True)).prctl(PR_SET_PDEATHSIG, signum)
         if os.getppid() != parent:
             os.kill(os.getpid(), signum)
 
 
 if __name__ == "__main__":
-    _die_with(int(sys.argv[2]), signal.SIGKILL)
+    die_with(int(sys.argv[2]), signal.SIGKILL)
     main()

@@ -34,7 +34,7 @@ from runner.rundir import reader
 from runner.rundir.layout import LOCK as RUN_LOCK
 from runner.rundir.layout import RUN_JSON
 from runner.rundir.lock import IN_USE, is_locked
-from runner.sweep import asha, warm
+from runner.sweep import asha, warm, warmserver
 from runner.sweep.search import Search
 from runner.sweep.study import distributions, make_sampler, open_study, trial_handle
 
@@ -48,7 +48,6 @@ BUSY_POLL_S = 0.2  # how often a worker waiting for a trial's folder (held by a 
 # a segment killed by a signal no stop sent (the OOM killer, kill -9) is resumed this many times in a row, then FAIL
 MAX_KILLS = 3
 KILLS = "kills"  # trial user attr: its segments killed by a signal since its last rung value
-PR_SET_PDEATHSIG = 1  # prctl(2)
 WARM_PRELOAD = warm.PRELOAD  # what each worker's warm server imports (the tests' torch-free trainer needs none)
 
 
@@ -207,14 +206,7 @@ def _bound_to(parent: int):
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child between fork and exec should only call it
-
-    def bind() -> None:
-        """In the child: ask for SIGTERM at the worker's death, and stop now if it is already gone."""
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return bind
+    return functools.partial(warmserver.die_with, parent, signal.SIGTERM, libc)
 
 
 def _log_header(number: int, epoch: int, argv: list[str]) -> str:
