@@ -1,7 +1,8 @@
 """`python -m runner.rundir state DIR...`: each run folder's state in one word per line, for shell scripts.
 
 The words: done | running | interrupted | failed (as tools/summarize.py says) | missing (no folder, or no run in
-it). tools/sweeps/common.sh skips a point whose folder says `done`; no script parses a run's files itself.
+it). tools/sweeps/common.sh (slurm.sh) skips a point whose folder says `done` (the local launcher,
+runner/sweep/launch.py, asks the reader in its own process); no script parses a run's files itself.
 """
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ Modules, imports running one way (each imports only those above it):
     warm, warmserver  each one-process segment forked from the worker's warm server (torch imported once)
     table, report  the trials' table and ROOT/report.html (self-contained)
     plan     `python -m runner.sweep plan`: rungs, trials per rung, epochs, nothing trained
-    cli, __main__  `python -m runner.sweep points|root|search ...` for the launchers
+    launch, launch_pool, launch_devices  `python -m runner.sweep run`: settings and plan; slots, signals, exit
+             codes; GPUs and ports (tools/sweeps/run.sh runs it)
+    cli, __main__  `python -m runner.sweep run|points|root|search|plan ...`
 Nothing here imports torch (warmserver, a process of its own, does).
 """
