@@ -74,15 +74,17 @@ def tool_module(tool: str) -> ModuleType:
     return _TOOLS[tool]
 
 
-def call_main(tool: str, args: list[str], capsys) -> subprocess.CompletedProcess:
+def call_main(tool: str, args: list[str], capfd) -> subprocess.CompletedProcess:
     """tools/<tool>'s main(args) in this process, answered as run_tool answers: the exit code that runner.errors.cli
-    ends it with, and what it printed (use the `in_process` fixture, which gives back what a tool may change)."""
+    ends it with, and what reached file descriptors 1 and 2 meanwhile (use the `in_process` fixture, which gives
+    back what a tool may change). Python's warnings are pytest's here, not the tool's stderr: a test of a refusal
+    that a warning may come with runs the tool in a process of its own."""
     import pytest
 
-    capsys.readouterr()  # what the test printed before is not the tool's
+    capfd.readouterr()  # what the test printed before is not the tool's
     with pytest.raises(SystemExit) as ended:
         tool_module(tool).main(list(args))
-    out = capsys.readouterr()
+    out = capfd.readouterr()
     return subprocess.CompletedProcess([tool, *args], ended.value.code, out.out, out.err)
 
 

@@ -129,7 +129,7 @@ def test_killed_after_the_stops_checkpoint_the_rerun_only_writes_the_results(ear
     (["TRAIN.EARLY_STOP_MIN_DELTA", "0.1"], "TRAIN.EARLY_STOP_MIN_DELTA (0.1) needs TRAIN.EARLY_STOP_PATIENCE > 0"),
     (["EVAL.PERIOD_STEPS", "-5"], "EVAL.PERIOD_STEPS must be >= 0, got -5"),
 ])
-def test_mistakes_are_one_line_and_write_nothing(tmp_path, args, words):
-    r = run_tool("train.py", ["--cfg", DIGITS, *args, "OUTPUT_DIR", str(tmp_path / "run")], timeout=120)
+def test_mistakes_are_one_line_and_write_nothing(tmp_path, args, words, in_process):
+    r = in_process("train.py", ["--cfg", DIGITS, *args, "OUTPUT_DIR", str(tmp_path / "run")])
     line = assert_user_error(r, words)
     assert re.search(r"\(command line\)", line) and not (tmp_path / "run").exists()

@@ -1,4 +1,5 @@
-"""End-to-end runs of tools/train.py on CPU: digits, synthetic and image folders, outputs read back."""
+"""End-to-end runs of tools/train.py on CPU: digits, synthetic and image folders, outputs read back (each run
+made once and read by several tests; the tools that only read a run called in this process)."""
 from __future__ import annotations
 
 import json
@@ -14,13 +15,10 @@ from tests.utils import ROOT, TINY, read_jsonl, run_tool
 DIGITS = str(ROOT / "configs" / "digits" / "resnet18.yaml")
 
 
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-    """One tiny digits run shared by the tests that read its outputs."""
-    out = tmp_path_factory.mktemp("digits")
-    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "TRAIN.EPOCHS", "2", "OUTPUT_DIR", str(out)])
-    assert r.returncode == 0, r.stdout + r.stderr
-    return out, r
+@pytest.fixture
+def digits_run(finished_digits):
+    """One tiny digits run (2 epochs), trained once for the session, read by the tests below."""
+    return finished_digits
 
 
 def test_digits_outputs(digits_run):
@@ -67,37 +65,45 @@ def test_tensorboard_events_read_back(digits_run):
     assert not [t for t in tags if t.startswith("hparam/")] and "val/count" not in tags
 
 
-def test_config_yaml_reloads_identically(digits_run):
+def test_config_yaml_reloads_identically(digits_run, in_process):
     out, _ = digits_run
-    r = run_tool("train.py", ["--cfg", str(out / "config.yaml"), "--print-config"])
+    r = in_process("train.py", ["--cfg", str(out / "config.yaml"), "--print-config"])
     assert r.returncode == 0
     assert r.stdout == (out / "config.yaml").read_text()
 
 
-def test_eval_tool_matches_results(digits_run):
+def test_eval_tool_matches_results(digits_run, in_process):
     out, _ = digits_run
     last = str(out / "checkpoints" / "last.pth")
-    r = run_tool("eval.py", ["--cfg", str(out / "config.yaml"), "MODEL.CHECKPOINT", last])
+    r = in_process("eval.py", ["--cfg", str(out / "config.yaml"), "MODEL.CHECKPOINT", last])
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     res = json.loads((out / "results.json").read_text())
     assert got["val/count"] == 360 and got["val/top1"] == pytest.approx(res["val/top1"], abs=1e-9)
 
 
-def test_rerun_of_finished_run_does_not_train(digits_run):
+def test_rerun_of_finished_run_does_not_train(digits_run, in_process):
     out, _ = digits_run
     before = (out / "metrics.jsonl").read_text()
-    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "TRAIN.EPOCHS", "2", "OUTPUT_DIR", str(out)])
+    r = in_process("train.py", ["--cfg", DIGITS, *TINY, "TRAIN.EPOCHS", "2", "OUTPUT_DIR", str(out)])
     assert r.returncode == 0 and "already done" in r.stdout
     assert (out / "metrics.jsonl").read_text() == before
 
 
-def test_synthetic_run(tmp_path):
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    """(OUTPUT_DIR, the finished process) of one synthetic run of 4 steps with the progress bar asked for."""
+    out = tmp_path_factory.mktemp("synthetic")
     r = run_tool("train.py", ["DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", "64", "DATA.BATCH_SIZE", "16",
                               "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "TRAIN.EPOCHS", "1",
-                              "LOG.PERIOD", "2", "OUTPUT_DIR", str(tmp_path)])
+                              "LOG.PERIOD", "1", "LOG.PROGRESS", "bar", "OUTPUT_DIR", str(out)])
+    return out, r
+
+
+def test_synthetic_run(synthetic_run):
+    out, r = synthetic_run
     assert r.returncode == 0, r.stderr
-    res = json.loads((tmp_path / "results.json").read_text())
+    res = json.loads((out / "results.json").read_text())
     assert res["step"] == 4 and res["status"] == "done"
 
 
@@ -173,10 +179,8 @@ def test_busy_output_dir_is_refused_and_left_alone(tmp_path):
     assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "checkpoints").exists()
 
 
-def test_progress_bar_when_asked(tmp_path):
-    r = run_tool("train.py", ["DATA.NAME", "synthetic", "DATA.SYNTHETIC_SIZE", "64", "DATA.BATCH_SIZE", "16",
-                              "MODEL.NAME", "resnet10t", "DATA.IMG_SIZE", "16", "TRAIN.EPOCHS", "1",
-                              "LOG.PERIOD", "1", "LOG.PROGRESS", "bar", "OUTPUT_DIR", str(tmp_path)])
+def test_progress_bar_when_asked(synthetic_run):
+    _, r = synthetic_run
     assert r.returncode == 0, r.stderr
     assert "4/4" in r.stderr and ("step/s" in r.stderr or "s/step" in r.stderr)
     assert " step 4/4 loss" not in r.stdout  # the bar replaces the plain lines

@@ -85,7 +85,7 @@ def test_global_batch_advice_is_accepted_when_followed(old, batch, world, accum)
     assert followed == len(advice.split(" or ")), advice
 
 
-def test_results_of_another_config_are_named_in_the_refusal(tmp_path):
+def test_results_of_another_config_are_named_in_the_refusal(tmp_path, in_process):
     """A finished run's folder and another config: refused before torch is imported, naming the keys."""
     out = tmp_path / "done"
     out.mkdir()
@@ -97,7 +97,7 @@ def test_results_of_another_config_are_named_in_the_refusal(tmp_path):
     write_status(str(out), DONE)
     (out / "results.json").write_text(json.dumps({"status": DONE, "step": 5, "epoch": 1, "val/top1": 50.0}))
     before = snapshot(out)
-    proc = run_tool("train.py", ["--cfg", DIGITS, "TRAIN.LR", "0.5", "OUTPUT_DIR", str(out)])
+    proc = in_process("train.py", ["--cfg", DIGITS, "TRAIN.LR", "0.5", "OUTPUT_DIR", str(out)])
     assert_user_error(proc, "finished run", "TRAIN.LR")
     assert snapshot(out) == before
     assert Path(out / "run.json").exists()

@@ -58,8 +58,8 @@ def test_a_pause_at_or_past_the_last_epoch_trains_to_the_end(tmp_path):
     assert _status(out)["status"] == "done" and (out / "results.json").exists()
 
 
-def test_a_pause_that_is_no_epoch_is_one_line(tmp_path):
+def test_a_pause_that_is_no_epoch_is_one_line(tmp_path, in_process):
     for bad in ("0", "-1", "x", "1.5"):
-        r = _train(tmp_path / "run", "--pause-after-epoch", bad)
+        r = in_process("train.py", [*ARGS, "OUTPUT_DIR", str(tmp_path / "run"), "--pause-after-epoch", bad])
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
         assert "--pause-after-epoch" in r.stderr and not (tmp_path / "run").exists()

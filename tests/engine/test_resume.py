@@ -332,10 +332,10 @@ def test_corrupt_newest_checkpoint_falls_back(reference, tmp_path, how):
     assert_same_run(out, reference)
 
 
-def test_explicit_resume_path_unloadable_is_exit_2(tmp_path):
+def test_explicit_resume_path_unloadable_is_exit_2(tmp_path, in_process):
     bad = tmp_path / "bad.pth"
     bad.write_bytes(b"PK\x03\x04 not really a checkpoint")
-    r = run_tool("train.py", [*BASE, "CHECKPOINT.RESUME", str(bad), "OUTPUT_DIR", str(tmp_path / "run")])
+    r = in_process("train.py", [*BASE, "CHECKPOINT.RESUME", str(bad), "OUTPUT_DIR", str(tmp_path / "run")])
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.startswith(f"error: checkpoint '{bad}' cannot be loaded")
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr + r.stdout
@@ -345,40 +345,40 @@ class Opaque:
     """An object torch.load(weights_only=True) refuses to unpickle."""
 
 
-def test_explicit_resume_path_holding_code_is_one_whole_line(tmp_path):
+def test_explicit_resume_path_holding_code_is_one_whole_line(tmp_path, in_process):
     """torch's own message (several lines, cut mid-sentence before) becomes MODEL.CHECKPOINT's line for it."""
     bad = tmp_path / "with_code.pth"
     torch.save({"model": {"w": torch.zeros(2)}, "step": 3, "extra": Opaque()}, bad)
-    r = run_tool("train.py", [*BASE, "CHECKPOINT.RESUME", str(bad), "OUTPUT_DIR", str(tmp_path / "run")])
+    r = in_process("train.py", [*BASE, "CHECKPOINT.RESUME", str(bad), "OUTPUT_DIR", str(tmp_path / "run")])
     line = assert_user_error(r, f"checkpoint '{bad}' cannot be loaded (a pickle holding Python objects other "
                                 f"than tensors ({__name__}.Opaque), which weights_only loading refuses; ")
     assert line.endswith("name one it wrote (OUTPUT_DIR/checkpoints/last.pth))") and "\x1b" not in line
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_resume_with_changed_config_is_refused(reference, tmp_path):
+def test_resume_with_changed_config_is_refused(reference, tmp_path, in_process):
     """Keys that change the run are refused with exit 2, listing them; nothing in the folder changes."""
     out = unfinished_copy(reference, tmp_path / "run", keep=1)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"}
     changed = ["TRAIN.LR", "0.01", "MODEL.NAME", "resnet18"]
-    r = run_tool("train.py", [*BASE, *changed, "OUTPUT_DIR", str(out)])
+    r = in_process("train.py", [*BASE, *changed, "OUTPUT_DIR", str(out)])
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr + r.stdout
     assert "TRAIN.LR: 0.05 -> 0.01" in r.stderr and "MODEL.NAME: 'resnet10t' -> 'resnet18'" in r.stderr
     assert "last.pth" in r.stderr  # where the stored config came from
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"} == before
     # a finished run is refused the same way, before anything heavy is imported
-    r = run_tool("train.py", [*BASE, *changed, "OUTPUT_DIR", str(reference)])
+    r = in_process("train.py", [*BASE, *changed, "OUTPUT_DIR", str(reference)])
     assert r.returncode == 2 and "TRAIN.LR: 0.05 -> 0.01" in r.stderr and "MODEL.NAME" in r.stderr
 
 
-def test_extending_epochs_continues_training(reference, tmp_path):
+def test_extending_epochs_continues_training(reference, tmp_path, in_process):
     """TRAIN.EPOCHS raised on a finished run: refused unless TRAIN.EXTEND says so; then the finished result is
     kept beside, the run resumes at its last step and trains on with the schedule re-derived (a warm restart)."""
     out = unfinished_copy(reference, tmp_path / "run", keep=1)
     shutil.copyfile(reference / "results.json", out / "results.json")
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    r = run_tool("train.py", [*BASE, "TRAIN.EPOCHS", "3", "OUTPUT_DIR", str(out)])
+    r = in_process("train.py", [*BASE, "TRAIN.EPOCHS", "3", "OUTPUT_DIR", str(out)])
     line = assert_user_error(r, "holds a finished run (2 epochs", "TRAIN.EXTEND True",
                              f"results-step{2 * STEPS_PER_EPOCH}.json", "warm restart")
     assert "another OUTPUT_DIR" in line

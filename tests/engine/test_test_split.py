@@ -43,9 +43,9 @@ def digits_with_test(root: Path) -> Path:
 
 
 # ---- fast: the pieces and the mistakes ----------------------------------------------------------------------------
-def test_in_memory_sources_refuse_a_test_split():
+def test_in_memory_sources_refuse_a_test_split(in_process):
     for name in ("digits", "synthetic"):
-        proc = run_tool("train.py", ["--cfg", DIGITS, "DATA.NAME", name, "DATA.TEST_SPLIT", "test"])
+        proc = in_process("train.py", ["--cfg", DIGITS, "DATA.NAME", name, "DATA.TEST_SPLIT", "test"])
         assert_user_error(proc, f"DATA.NAME {name} has no 'test' split", "(command line)")
 
 
