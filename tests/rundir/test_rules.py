@@ -1,5 +1,6 @@
 """A run folder belongs to one run: foreign folders untouched, no two runs mixed, finished runs not rewritten,
-setup failures recorded, folders that cannot be made (runner/rundir/rules.py)."""
+setup failures recorded, folders that cannot be made (runner/rundir/rules.py); the refusals before the claim
+through tools/train.py's main in this process."""
 from __future__ import annotations
 
 import hashlib
@@ -27,13 +28,11 @@ def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """One finished tiny digits run (2 epochs, 44 steps) that each test copies before changing anything."""
-    out = tmp_path_factory.mktemp("finished") / "run"
-    r = run_tool("train.py", ["--cfg", DIGITS, *RUN, "OUTPUT_DIR", str(out)])
-    assert r.returncode == 0, r.stderr
-    return out
+@pytest.fixture
+def finished(finished_digits) -> Path:
+    """One finished tiny digits run (2 epochs, 44 steps: RUN, trained once for the session) that each test copies
+    before changing anything."""
+    return finished_digits[0]
 
 
 def copy_run(finished: Path, tmp_path: Path) -> Path:
@@ -56,21 +55,21 @@ def user_folder(tmp_path: Path) -> Path:
     return d
 
 
-def test_foreign_folder_is_refused_and_untouched(tmp_path):
+def test_foreign_folder_is_refused_and_untouched(tmp_path, in_process):
     d = user_folder(tmp_path)
     before = snapshot(d)
-    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(d)])
+    r = in_process("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(d)])
     assert_user_error(r, str(d), "holds no run of ours", "config.yaml")
     assert snapshot(d) == before  # its "results.json" was not taken for ours: no "already done", no resume
     assert sorted(p.name for p in d.iterdir()) == ["checkpoints", "config.yaml", "env.txt", "metrics.jsonl",
                                                     "results.json"]
 
 
-def test_folder_with_one_stray_file_is_refused(tmp_path):
+def test_folder_with_one_stray_file_is_refused(tmp_path, in_process):
     d = tmp_path / "x"
     d.mkdir()
     (d / "run.lock").write_text("not ours\n")
-    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(d)])
+    r = in_process("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(d)])
     assert_user_error(r, "holds no run of ours")
     assert [p.name for p in d.iterdir()] == ["run.lock"] and (d / "run.lock").read_text() == "not ours\n"
 
@@ -106,20 +105,20 @@ def test_empty_and_missing_folders_are_taken(tmp_path):
     assert not (tmp_path / "missing").exists()  # the check itself writes nothing
 
 
-def test_resume_none_on_a_run_folder_is_refused(finished, tmp_path):
+def test_resume_none_on_a_run_folder_is_refused(finished, tmp_path, in_process):
     out = copy_run(finished, tmp_path)
     before = snapshot(out)
-    r = run_tool("train.py", ["--cfg", DIGITS, *RUN, "CHECKPOINT.RESUME", "none", "OUTPUT_DIR", str(out)])
+    r = in_process("train.py", ["--cfg", DIGITS, *RUN, "CHECKPOINT.RESUME", "none", "OUTPUT_DIR", str(out)])
     assert_user_error(r, "CHECKPOINT.RESUME none would mix two runs", "another OUTPUT_DIR")
     assert snapshot(out) == before
 
 
-def test_resume_from_another_folders_checkpoint_is_refused(finished, tmp_path):
+def test_resume_from_another_folders_checkpoint_is_refused(finished, tmp_path, in_process):
     out = copy_run(finished, tmp_path)
     other = tmp_path / "other.pth"
     shutil.copy(out / "checkpoints" / "last.pth", other)
     before = snapshot(out)
-    r = run_tool("train.py", ["--cfg", DIGITS, *RUN, "CHECKPOINT.RESUME", str(other), "OUTPUT_DIR", str(out)])
+    r = in_process("train.py", ["--cfg", DIGITS, *RUN, "CHECKPOINT.RESUME", str(other), "OUTPUT_DIR", str(out)])
     assert_user_error(r, "another folder's checkpoint", "mix two runs")
     assert snapshot(out) == before
 
@@ -137,10 +136,10 @@ def test_resume_none_on_a_fresh_folder_trains(tmp_path):
     (["TRAIN.EPOCHS", "1"], "TRAIN.EPOCHS 1 asks for no more"),  # shorter than what ran
     (["TRAIN.EPOCHS", "3", "TRAIN.MAX_STEPS", "5"], "TRAIN.MAX_STEPS 5 asks for no more"),
 ])
-def test_finished_run_is_not_rewritten(finished, tmp_path, extra, why):
+def test_finished_run_is_not_rewritten(finished, tmp_path, extra, why, in_process):
     out = copy_run(finished, tmp_path)
     before = snapshot(out)
-    r = run_tool("train.py", ["--cfg", DIGITS, *RUN, *extra, "OUTPUT_DIR", str(out)])
+    r = in_process("train.py", ["--cfg", DIGITS, *RUN, *extra, "OUTPUT_DIR", str(out)])
     assert r.returncode == 0, r.stderr
     assert "already done" in r.stdout and why in r.stdout and "nothing rewritten" in r.stdout
     val = json.loads((out / "results.json").read_text())["val/top1"]
@@ -177,16 +176,16 @@ def test_setup_failure_is_recorded(tmp_path):
     ("under_a_file", "is a file"),  # OUTPUT_DIR notes.txt/run: mkdir raised NotADirectoryError
     ("proc", "cannot be written"),  # a file system that refuses new folders: FileNotFoundError traceback
 ])
-def test_output_dir_that_cannot_be_made(tmp_path, where, fragment):
+def test_output_dir_that_cannot_be_made(tmp_path, where, fragment, in_process):
     (tmp_path / "notes.txt").write_text("keep me\n")
     out = str(tmp_path / "notes.txt" / "run") if where == "under_a_file" else f"/proc/runner-test-{os.getpid()}"
-    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", out])
+    r = in_process("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", out])
     assert_user_error(r, "OUTPUT_DIR", fragment)
     assert (tmp_path / "notes.txt").read_text() == "keep me\n"
 
 
-def test_lone_tilde_says_what_yaml_made_of_it(tmp_path):
-    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", "~"])
+def test_lone_tilde_says_what_yaml_made_of_it(tmp_path, in_process):
+    r = in_process("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", "~"])
     assert_user_error(r, "OUTPUT_DIR cannot be null", "lone ~ is YAML's null")
 
 
@@ -195,28 +194,28 @@ def test_lone_tilde_says_what_yaml_made_of_it(tmp_path):
     ("", "empty"),
     ("\x00\x00\x00\x00", "not JSON"),  # a block of zeros, as a crash of the file system can leave
 ])
-def test_damaged_run_json_is_said_to_be_damaged(tmp_path, text, what):
+def test_damaged_run_json_is_said_to_be_damaged(tmp_path, text, what, in_process):
     # it was reported as a folder with "no run.json from this runner"
     out = tmp_path / "run"
     out.mkdir()
     (out / "run.json").write_text(text)
     (out / "config.yaml").write_text("MODEL:\n  NAME: resnet10t\n")
     before = snapshot(out)
-    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(out)], timeout=60)
+    r = in_process("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(out)])
     line = assert_user_error(r, f"{out / 'run.json'} is damaged ({what}", "replace run.json with",
                              '"format": "runner-run/1"', "or choose another OUTPUT_DIR")
     assert "no run.json from this runner" not in line
     assert snapshot(out) == before
 
 
-def test_run_of_a_newer_runner_is_refused(tmp_path):
+def test_run_of_a_newer_runner_is_refused(tmp_path, in_process):
     # "runner-run/9" with the keys of every format was taken for ours (an old run.json), and written into
     out = tmp_path / "run"
     out.mkdir()
     marker = {"format": "runner-run/9", "status": "preempted", "pid": 1, "host": "h", "updated": 0.0}
     (out / "run.json").write_text(json.dumps(marker))
     before = snapshot(out)
-    r = run_tool("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(out)], timeout=60)
+    r = in_process("train.py", ["--cfg", DIGITS, *TINY, "OUTPUT_DIR", str(out)])
     assert_user_error(r, f"OUTPUT_DIR {out} was made by a newer runner (format 9; this one reads up to 1)")
     assert snapshot(out) == before
 
