@@ -45,8 +45,9 @@ def in_process(capfd, monkeypatch, signal_handlers, tmp_path_factory):
     """`in_process(tool, args)`: tools/<tool>'s main(args) in this process (tests.utils.call_main), run from the
     repository as run_tool runs it; what a tool may change in its process is given back after the test (the
     environment, the runner's log handlers and Python's warnings capture, torch's thread count, signal handlers),
-    and a thread it left running or a file it left open in the tests' folders (a run lock, a log.txt) fails the
-    test: a refusal made after a run's claim belongs in a process of its own, which its exit cleans up."""
+    and a thread it left running, a file it left open in the tests' folders (a run lock, a log.txt) or a process
+    group it left fails the test: a refusal made after a run's claim belongs in a process of its own, which its
+    exit cleans up."""
     import tqdm
 
     monkeypatch.chdir(ROOT)
@@ -67,6 +68,8 @@ def in_process(capfd, monkeypatch, signal_handlers, tmp_path_factory):
     assert not left, f"threads left running by the tool: {left}"
     left_open = _open_files(tmp_path_factory.getbasetemp()) - files
     assert not left_open, f"files left open by the tool: {sorted(left_open)}"
+    group = sys.modules.get("torch.distributed")
+    assert not (group and group.is_available() and group.is_initialized()), "a process group left by the tool"
 
 
 def _open_files(under) -> set[str]:

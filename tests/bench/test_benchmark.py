@@ -59,9 +59,9 @@ def test_benchmark_tool_prints_json_last_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
-def test_benchmark_tool_several_combinations(tmp_path):
-    res = run("tools/benchmark.py", [*TINY, "--models", "resnet10t,test_resnet", "--batch-sizes", "4,8",
-                                    "OUTPUT_DIR", str(tmp_path / "out")])
+def test_benchmark_tool_several_combinations(tmp_path, in_process):
+    res = in_process("benchmark.py", [*TINY, "--models", "resnet10t,test_resnet", "--batch-sizes", "4,8",
+                                      "OUTPUT_DIR", str(tmp_path / "out")])
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     everything = json.loads(lines[-1])
@@ -80,10 +80,17 @@ def test_benchmark_tool_several_combinations(tmp_path):
     (["--steps", "0"], "--steps 0"),
     (["--models", "resnet_nope"], "resnet_nope"),
 ])
-def test_benchmark_tool_bad_arguments(args, words):
-    res = run("tools/benchmark.py", [*TINY, *args])
+def test_benchmark_tool_bad_arguments(args, words, in_process):
+    res = in_process("benchmark.py", [*TINY, *args])
     assert res.returncode == 2
     assert words in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_benchmark_tool_bad_arguments_through_the_command_line():
+    res = run("tools/benchmark.py", [*TINY, "--batch-sizes", "4,x"])
+    assert res.returncode == 2
+    assert "--batch-sizes" in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
 

@@ -1,4 +1,5 @@
-"""The environment report: library API and tools/env_info.py in a subprocess."""
+"""The environment report: library API and tools/env_info.py (in a subprocess, and through its main in this
+process)."""
 from __future__ import annotations
 
 import json
@@ -31,8 +32,8 @@ def test_text_report_names_versions_and_says_no_gpu():
     assert "GPUs: none visible (CUDA not available)" in out
 
 
-def test_json_report_parses_and_has_torch_version():
-    result = _tool("--json")
+def test_json_report_parses_and_has_torch_version(in_process):
+    result = in_process("env_info.py", ["--json"])
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["packages"]["torch"] == torch.__version__
@@ -42,7 +43,8 @@ def test_json_report_parses_and_has_torch_version():
     # the processor by name (CPU results depend on its kernels): on Linux the one /proc/cpuinfo names
     names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
     assert info["cpu"]["model"] == (names[0] if names else info["cpu"]["model"]) and info["cpu"]["model"] != ""
-    assert re.search(rf"^CPU model +{re.escape(info['cpu']['model'])}$", _tool().stdout, re.MULTILINE)
+    text = in_process("env_info.py", []).stdout
+    assert re.search(rf"^CPU model +{re.escape(info['cpu']['model'])}$", text, re.MULTILINE)
 
 
 def test_only_cuda_visible_devices_is_reported(monkeypatch):
