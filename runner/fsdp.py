@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
+from runner import malloc
 from runner.errors import UserError
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ def shard(model: nn.Module, cfg, dist: Dist, make: Callable[[], nn.Module], anno
         return model
     from torch.distributed.fsdp import fully_shard
 
+    if dist.device.type == "cpu":
+        malloc.for_sharded_training()
     kwargs = _policies(cfg, dist.device)
     after = cfg.DIST.FSDP_RESHARD_AFTER_FORWARD
     blocks = blocks_of(model)

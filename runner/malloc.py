@@ -77,6 +77,21 @@ def _apply(env: Mapping[str, str]) -> str:
     return "freed memory kept for reuse (glibc trim threshold 2 GiB, mmap threshold 1 GiB)"
 
 
+SMALL_THRESHOLD = 128 * 1024  # glibc's starting thresholds
+
+
+def for_sharded_training() -> None:
+    """Where configure() kept freed memory: hand it back again, for DIST.STRATEGY fsdp on the CPU. FSDP's
+    all-gather buffers come and go once per block and step; kept, each process's peak RSS rose above DDP's
+    (docs/PERFORMANCE.md, "FSDP: memory"). Both thresholds at glibc's starting 128 KiB, fixed."""
+    global _state
+    if _state is None or not _state.startswith("freed memory kept"):
+        return  # the user's choice, another C library, or never configured: left as it is
+    libc = ctypes.CDLL(None)
+    if libc.mallopt(M_MMAP_THRESHOLD, SMALL_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, SMALL_THRESHOLD):
+        _state = "freed memory handed back (glibc trim and mmap thresholds 128 KiB: DIST.STRATEGY fsdp on the CPU)"
+
+
 def describe() -> str:
     """env.txt's line: what this process's malloc does with freed memory (changes nothing)."""
     return _state or "the C library's default (runner.startup.prepare() was not called)"

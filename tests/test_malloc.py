@@ -92,6 +92,21 @@ def test_a_prepared_process_keeps_what_a_step_frees(tmp_path: Path):
     assert "prepare() was not called" in unprepared["line"]
 
 
+SHARDED = ("from runner.startup import prepare\nprepare()\nfrom runner import malloc\nmalloc.for_sharded_training()\n"
+           + PROBE)
+
+
+@glibc
+def test_sharded_training_hands_freed_memory_back_again(tmp_path: Path):
+    """DIST.STRATEGY fsdp on the CPU (runner.fsdp.shard): the kept memory is handed back again, so every step
+    faults its activations in anew, as glibc alone does; a user's own setting is still left as it is."""
+    got = _run(SHARDED, tmp_path)
+    assert got["median"] > 1000, got
+    assert got["line"].startswith("freed memory handed back (glibc trim and mmap thresholds 128 KiB"), got
+    users = _run(SHARDED, tmp_path, MALLOC_TRIM_THRESHOLD_="0")
+    assert users["line"].startswith("as the environment sets it"), users
+
+
 @glibc
 @pytest.mark.parametrize("env", [{"MALLOC_MMAP_THRESHOLD_": "131072"},
                                  {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}])
