@@ -352,9 +352,9 @@ def test_schedule_rules_across_keys(argv, words):
         load_config(["TRAIN.SCHEDULER", "step", *argv[2:], "OUTPUT_DIR", "x"])
 
 
-def test_a_bad_milestone_through_train_py_is_exit_2(tmp_path):
-    proc = run_tool("train.py", [*TINY, "TRAIN.SCHEDULER", "multistep", "TRAIN.DECAY_MILESTONES", "[3, 2]",
-                                 "OUTPUT_DIR", str(tmp_path / "o")], timeout=120)
+def test_a_bad_milestone_through_train_py_is_exit_2(tmp_path, in_process):
+    proc = in_process("train.py", [*TINY, "TRAIN.SCHEDULER", "multistep", "TRAIN.DECAY_MILESTONES", "[3, 2]",
+                                   "OUTPUT_DIR", str(tmp_path / "o")])
     assert_user_error(proc, "TRAIN.DECAY_MILESTONES must be a non-empty list of increasing epochs > 0",
                       "got [3.0, 2.0] (command line)")
 

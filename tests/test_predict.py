@@ -83,16 +83,17 @@ def test_predict_names_the_right_digit(trained, tmp_path: Path):
     assert top1[11] == "7", preds[11]
 
 
-def test_predict_table_and_bad_input(trained, tmp_path: Path):
+def test_predict_table_and_bad_input(trained, tmp_path: Path, in_process):
     cfg, ckpt, data = trained
     image = sorted((data / "val" / "3").glob("*.jpg"))[0]
-    res = run_tool("predict.py", "--cfg", str(cfg), "MODEL.CHECKPOINT", str(ckpt), str(image), "--topk", "3")
+    # the table and one bad image through predict's main in this process; several images, two bad, in a process
+    res = in_process("predict.py", ["--cfg", str(cfg), "MODEL.CHECKPOINT", str(ckpt), str(image), "--topk", "3"])
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     assert lines[0] == str(image) and len(lines) == 4 and lines[1].split()[:2] == ["1.", "3"]
     text = tmp_path / "notes.jpg"
     text.write_text("not an image")
-    bad = run_tool("predict.py", "--cfg", str(cfg), "MODEL.CHECKPOINT", str(ckpt), str(text))
+    bad = in_process("predict.py", ["--cfg", str(cfg), "MODEL.CHECKPOINT", str(ckpt), str(text)])
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "notes.jpg" in bad.stderr
     # several images, two bad: one line for each bad one, and the good ones are still predicted
     missing = tmp_path / "missing.png"

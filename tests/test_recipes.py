@@ -133,8 +133,8 @@ def test_bce_trains_two_steps(extra):
     (["EVAL.CROP_PCT", "1.2"], ["EVAL.CROP_PCT must be in [0, 1]"]),
     (["MODEL.GRAD_CHECKPOINTING", "maybe"], ["MODEL.GRAD_CHECKPOINTING expects true or false"]),
 ])
-def test_bad_values_are_one_line(tmp_path, args, fragments):
-    assert_user_error(run_tool(TRAIN, args + ["OUTPUT_DIR", str(tmp_path / "o")]), *fragments)
+def test_bad_values_are_one_line(tmp_path, args, fragments, in_process):
+    assert_user_error(in_process(TRAIN, args + ["OUTPUT_DIR", str(tmp_path / "o")]), *fragments)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -63,8 +63,9 @@ _TOOLS: dict[str, ModuleType] = {}
 
 
 def tool_module(tool: str) -> ModuleType:
-    """tools/<tool> imported from its path once per test process (tools/ is no package; the prepare() its import
-    runs is a no-op after conftest's)."""
+    """tools/<tool> (a name, or TRAIN's whole path) imported from its path once per test process (tools/ is no
+    package; the prepare() its import runs is a no-op after conftest's)."""
+    tool = Path(tool).name
     if tool not in _TOOLS:
         path = ROOT / "tools" / tool
         spec = importlib.util.spec_from_file_location(f"tools_{path.stem}", path)
