@@ -3,7 +3,8 @@
 search with ASHA's compute, and the cost of a pause and a resume. A benchmark, not a test: it prints one JSON line.
 
     python benchmarks/search.py [--trials 27] [--epochs 9] [--eta 3] [--seed 0] [--repeats 5] [--out DIR]
-                                [--sampler random|tpe] [--scheduler asha|hyperband] [--cold] [--asha-only]
+                                [--sampler random|tpe] [--scheduler asha|hyperband] [--cold]
+                                [--asha-only | --overhead-only]
                                 [--cfg configs/digits/test_resnet.yaml] [KEY VALUE ...]
 
 1. ASHA: a sweep file (written to OUT/search.yaml) over TRAIN.LR log [1e-5, 1] and TRAIN.WEIGHT_DECAY log [1e-6, 0.1]
@@ -28,7 +29,8 @@ search with ASHA's compute, and the cost of a pause and a resume. A benchmark, n
    warm against a new process.
 
 The worker forks its segments from its warm server; --cold: each a new process (the earlier way), for a
-before/after; --asha-only: step 1 alone. Goal (issue 47): the wall-time saving at least 0.8 of the epoch saving.
+before/after; --asha-only: step 1 alone; --overhead-only: step 4 alone. Goal (issue 47): the wall-time saving
+at least 0.8 of the epoch saving.
 Everything runs one process after another (one worker): on a shared machine set OMP_NUM_THREADS=1 to keep other
 people's load from making the threads wait on each other (docs/PERFORMANCE.md, "CPU threads on a loaded machine").
 Goals (issue 37): ASHA's epochs at most 1/3 of full training's; ASHA's best within 0.3 points of full training's.
@@ -281,12 +283,21 @@ def main() -> None:
     p.add_argument("--overhead-wd", type=float, default=0.05, help="... and TRAIN.WEIGHT_DECAY")
     p.add_argument("--cold", action="store_true", help="the worker starts each segment as a new process")
     p.add_argument("--asha-only", action="store_true", help="the search alone: no full training, no overhead")
+    p.add_argument("--overhead-only", action="store_true", help="step 4 alone (cold and warm)")
     p.add_argument("--out", default=None, help="work folder (default: a new one under /tmp, kept)")
     p.add_argument("overrides", nargs="*", help="KEY VALUE pairs for every run")
     args = p.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-search-")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     before = load()
+    if args.overhead_only:
+        from runner.sweep.search import load_search
+
+        search = load_search(str(sweep_file(out, args)), args.overrides)
+        cost = overhead(search, args, out) | warm_overhead(search, args, out)
+        print(json.dumps({"benchmark": "search overhead", "cpu": cpu_model(), "load_before": before,
+                          "load_after": load(), "out": str(out), "overhead": cost}), flush=True)
+        return
     asha_run = run_asha(sweep_file(out, args), args.overrides, out, args.cold)
     print(f"asha: {asha_run['epochs']} epochs, best {asha_run['best']:.2f}, {asha_run['wall_s']:.1f} s",
           file=sys.stderr, flush=True)
