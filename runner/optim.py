@@ -24,6 +24,9 @@ _FUSED = {"sgd", "momentum", "adam", "adamw"}  # timm maps these onto torch.opti
 # torch.empty_like memory, and the next step makes the weights NaN (H200, torch 2.11, the GPU suite's fp16 test,
 # 2026-11-26; the CPU kernel does the same). Fused Adam/AdamW keep their state on a skipped step.
 _FUSED_UNSAFE_WITH_SCALER = {"sgd", "momentum"}
+# torch 2.15 registers DTensor sharding rules for the fused Adam/AdamW kernels but none for fused SGD (checked:
+# "aten._fused_sgd_.default does not have a sharding strategy registered" on the first fsdp step)
+_FUSED_UNSAFE_ON_SHARDS = {"sgd", "momentum"}
 
 
 def scaled_lr(cfg, world_size: int) -> float:
@@ -46,6 +49,8 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device, world_size: int
     opt = cfg.TRAIN.OPTIMIZER.lower()
     base = opt.split("_")[-1]  # lookahead_adamw wraps adamw
     fusable = base in _FUSED and not (grad_scaler and base in _FUSED_UNSAFE_WITH_SCALER)
+    if base in _FUSED_UNSAFE_ON_SHARDS and _sharded(model):
+        fusable = False  # torch has no sharding rule for the fused SGD kernel: a DTensor step raises
     if cfg.TRAIN.FUSED and fusable:
         # one kernel per step (no GradScaler sync for inf checks on CUDA); on the CPU too, where torch's fused
         # SGD steps resnet18 in 7.4 ms against 25.7 ms with foreach (docs/PERFORMANCE.md)
@@ -66,6 +71,13 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device, world_size: int
     if device.type != "cuda":
         _eager_kron(optimizer)
     return optimizer
+
+
+def _sharded(model: nn.Module) -> bool:
+    """True when `model`'s parameters are DTensors (DIST.STRATEGY fsdp)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _eager_kron(optimizer: torch.optim.Optimizer) -> None:

@@ -204,6 +204,22 @@ UNSUPPORTED_OPTIMIZERS = {
 }
 
 
+# timm's optimizers that fail on FSDP2's sharded parameters (DTensors), and why: each was trained 2 steps on 2
+# sharded processes against the whole model (tests/fsdp_optimizers.py, torch 2.15); the others agree to 1e-4
+_CAUTIOUS = ("cadafactor cadafactorbv cadafactorbvc cadamc cadamp cadamw cadan cadanw cadopt cadoptc cadoptw clamb "
+             "clambw claprop clion clionc cmars cnadamc cnadamw crmsproptf csgdc csgdp csgdw").split()
+FSDP_UNSUPPORTED_OPTIMIZERS = {
+    **{name: "its cautious mask is rescaled in place by a mean over the whole tensor" for name in _CAUTIOUS},
+    "mars": "its update is clamped in place by a norm over the whole tensor",
+    **{name: "it mixes sharded and whole tensors (factored or Kronecker statistics)"
+       for name in ("adafactor", "kron", "kronc", "kronw")},
+    **{name: "its projection reshapes each whole parameter (the processes wait on each other forever)"
+       for name in ("adamp", "sgdp")},
+    **{name: "its orthogonalized update is added in place across placements" for name in ("adamuon", "nadamuon")},
+    **{name: "its per-layer gradient norms need whole tensors" for name in ("novograd", "novogradc", "novogradw")},
+}
+
+
 # Keys holding paths: "~" is expanded once, in load_config, so validation, config.yaml and every use agree
 PATH_KEYS = ("OUTPUT_DIR", "DATA.ROOT", "MODEL.CHECKPOINT", "CHECKPOINT.RESUME", "DISTILL.CHECKPOINT")
 
@@ -418,6 +434,12 @@ def _validate_fsdp(cfg: CN, fail: Callable[..., None]) -> None:
     if cfg.MODEL.CHANNELS_LAST:
         fail("MODEL.CHANNELS_LAST", "MODEL.CHANNELS_LAST true does not combine with DIST.STRATEGY fsdp (FSDP2 shards "
                                     "contiguous parameters only): set MODEL.CHANNELS_LAST false")
+    opt = cfg.TRAIN.OPTIMIZER
+    name = opt[len("lookahead_"):] if opt.startswith("lookahead_") else opt
+    if name in FSDP_UNSUPPORTED_OPTIMIZERS:
+        fail("TRAIN.OPTIMIZER", f"TRAIN.OPTIMIZER {opt} does not combine with DIST.STRATEGY fsdp "
+                                f"({FSDP_UNSUPPORTED_OPTIMIZERS[name]}): choose another, e.g. adamw, or "
+                                "DIST.STRATEGY ddp")
     if cfg.TRAIN.CLIP_GRAD > 0 and cfg.TRAIN.CLIP_MODE == "agc":
         fail("TRAIN.CLIP_MODE", "TRAIN.CLIP_MODE agc does not combine with DIST.STRATEGY fsdp (its per-parameter "
                                 "norms need whole tensors): use TRAIN.CLIP_MODE norm or value")
