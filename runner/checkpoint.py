@@ -13,6 +13,7 @@ import threading
 import time
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +78,8 @@ def save_checkpoint(state: dict, output_dir: str | os.PathLike, step: int, keep:
 # Sharded checkpoints (DIST.STRATEGY fsdp): step_N.pth holds everything but the model, optimizer and EMA, which
 # every process writes into a folder beside it (runner.fsdp.Shards, torch.distributed.checkpoint). The folder is
 # written under a temporary name and renamed once whole, and step_N.pth, written after it, is what makes it a
-# checkpoint: a folder no .pth names is never resumed from, and is removed by the next save's pruning.
+# checkpoint: a folder no .pth names is never resumed from, and is removed by the next save's pruning. On the step
+# (write_shards) or off it (start_shards: DCP stages the shards on the step; the rest runs in the writer's thread).
 # ---------------------------------------------------------------------------------------------------------
 SHARDS_KEY = "shards"  # a sharded checkpoint's entry: its folder's name, beside it (a path once loaded)
 SHARDS_SUFFIX = ".dcp"
@@ -87,20 +89,50 @@ _PARTIAL = ".partial"  # a folder being written: .<name>.partial (not fsutil's t
 def write_shards(save, output_dir: str | os.PathLike, step: int, group=None) -> str:
     """Every process: `save(folder)` into a new folder for `step`; rank 0 renames it into place once every process
     has written. Returns the folder's name (the same on every rank)."""
+    d, name = _new_shards(output_dir, step, group)
+    with held_sigint():
+        save(d / f".{name}{_PARTIAL}")
+        _place_shards(d, name)
+    return name
+
+
+def start_shards(save_async, output_dir: str | os.PathLike, step: int, group=None,
+                 write_group=None) -> tuple[str, Callable[[], None]]:
+    """Every process: `save_async(folder)` stages its shards for a new folder of `step` and returns the future of
+    their write. Returns the folder's name and the rest of the write, for the writer thread: wait for the shards,
+    then rank 0 renames the folder once every process has written (a barrier over `write_group`, the writes'
+    own process group: the training's collectives go on meanwhile)."""
+    d, name = _new_shards(output_dir, step, group)
+    future = save_async(d / f".{name}{_PARTIAL}")
+
+    def finish() -> None:
+        """The shards on disk on every process, then the folder in place."""
+        future.result()
+        _place_shards(d, name, write_group)
+
+    return name, finish
+
+
+def _new_shards(output_dir: str | os.PathLike, step: int, group=None) -> tuple[Path, str]:
+    """The checkpoint folder and a new shard folder's name for `step`, the same on every rank."""
     d = checkpoints(output_dir)
     d.mkdir(parents=True, exist_ok=True)
     token = distributed.broadcast_object(f"{time.time_ns():x}", group)  # one name, even across a clock skew
-    name = f"{step_name(step)[:-4]}.{token}{SHARDS_SUFFIX}"
-    partial = d / f".{name}{_PARTIAL}"
-    with held_sigint():
-        save(partial)
-        distributed.barrier()  # DCP's rank 0 writes the metadata last; every rank's files are there too
-        if distributed.rank_and_world()[0] == 0:
-            if not (partial / ".metadata").is_file():
-                raise RuntimeError(f"sharded checkpoint {partial} was written without its .metadata")
-            partial.rename(d / name)
-            fsync_dir(d)
-    return name
+    return d, f"{step_name(step)[:-4]}.{token}{SHARDS_SUFFIX}"
+
+
+def _place_shards(d: Path, name: str, group=None) -> None:
+    """Once every process has written its shards into .<name>.partial, rank 0 renames it to `name`."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.barrier(group=group)  # DCP's rank 0 writes the metadata last; every rank's files are there too
+    if distributed.rank_and_world()[0] == 0:
+        partial = d / f".{name}{_PARTIAL}"
+        if not (partial / ".metadata").is_file():
+            raise RuntimeError(f"sharded checkpoint {partial} was written without its .metadata")
+        partial.rename(d / name)
+        fsync_dir(d)
 
 
 def shards_whole(folder: Path) -> bool:
@@ -230,17 +262,20 @@ class CheckpointWriter:
 
     def submit(self, state: dict, output_dir: str | os.PathLike, step: int, keep: int, best: bool) -> None:
         """Write `state` (a host copy nothing else changes) once the write in flight, if any, is on disk."""
+        self.start(lambda: save_checkpoint(state, output_dir, step, keep, best), step)
+
+    def start(self, job: Callable[[], None], step: int) -> None:
+        """Run `job` (a whole write of the checkpoint of `step`) once the write in flight, if any, is on disk."""
         self.wait()
         self.started, self.step = time.monotonic(), step
         # not a daemon: the interpreter's exit waits for it, so no process ends with a checkpoint half written
-        self.thread = threading.Thread(target=self._write, args=(state, output_dir, step, keep, best),
-                                       name="runner-checkpoint-writer")
+        self.thread = threading.Thread(target=self._write, args=(job,), name="runner-checkpoint-writer")
         self.thread.start()
 
-    def _write(self, *args) -> None:
+    def _write(self, job: Callable[[], None]) -> None:
         """The thread: the whole synchronous save (temp, fsync, rename, read-back, links, pruning, stale temps)."""
         try:
-            save_checkpoint(*args)
+            job()
         except BaseException as e:  # handed to the loop's thread by wait()
             self.error = e
         finally:

@@ -212,6 +212,7 @@ class Shards:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, ema: nn.Module | None = None) -> None:
         """`ema`: the EMA's module (a sharded copy of the model), when there is one."""
         self.model, self.optimizer, self.ema = model, optimizer, ema
+        self._group = None  # the background writes' process group, made by the first one
 
     def _state(self) -> dict:
         """The state dict DCP writes or fills: {model, optimizer[, ema]}, tensors sharded as the modules are."""
@@ -232,6 +233,29 @@ class Shards:
 
         with _quiet():
             dcp.save(self._state(), checkpoint_id=str(folder))
+
+    def save_async(self, folder: Path):
+        """Every process: its shards copied to host memory now (DCP's staging: the next steps change the live ones),
+        then written into `folder` by DCP's thread. Returns the write's future (a collective over write_group())."""
+        import torch.distributed as tdist
+        import torch.distributed.checkpoint as dcp
+
+        alone = not (tdist.is_available() and tdist.is_initialized())
+        if alone:  # DCP's thread warns that one process writes alone, which is meant; _quiet() covers this one only
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to.*")
+        with _quiet():
+            return dcp.async_save(self._state(), checkpoint_id=str(folder), process_group=self.write_group(),
+                                  no_dist=alone)
+
+    def write_group(self):
+        """The background writes' process group (None in one process without one): gloo, and apart from the
+        training's, so that a write's collectives never interleave with a step's. Made on first use (a
+        collective: every process's first save)."""
+        import torch.distributed as tdist
+
+        if self._group is None and tdist.is_available() and tdist.is_initialized():
+            self._group = tdist.new_group(backend="gloo")
+        return self._group
 
     def load(self, folder: str | Path) -> None:
         """Every process reads its part of `folder`, whatever number of processes wrote it (a collective)."""

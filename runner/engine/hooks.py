@@ -247,7 +247,9 @@ def rank_window(ranks: list[dict], dist: Dist) -> dict:
 class Checkpointer(Hook):
     """Atomic checkpoints every CHECKPOINT.PERIOD steps within an epoch, after each evaluation, at each epoch's end
     and at the end. With `background` (CHECKPOINT.ASYNC) the step waits only for a host copy of the state: one
-    thread writes it (runner.checkpoint.CheckpointWriter), one write at a time; stops and the run's end wait()."""
+    thread writes it (runner.checkpoint.CheckpointWriter), one write at a time; stops and the run's end wait().
+    Sharded (DIST.STRATEGY fsdp), every process has a writer: its shards staged on the step, written by DCP's
+    thread, then (rank 0) the folder renamed and the .pth written."""
 
     state_key = "checkpointer"  # its part (every rank's RNG state) is added by save
 
@@ -258,11 +260,11 @@ class Checkpointer(Hook):
         the evaluation since the last save was the best so far (the file is then best.pth too); `group`: the
         run's CPU control group, over which rank 0 gathers every rank's RNG state; `unsaved_eval()`: True after an
         evaluation within an epoch (EVAL.PERIOD_STEPS) that no checkpoint holds yet; `background`: write off the
-        training step (rank 0 writes; the other ranks have nothing to wait for)."""
+        training step (rank 0 writes; sharded, every rank writes its shards)."""
         self.out, self.period, self.keep, self.dist, self.group = Path(out), period, keep, dist, group
         self.stored = dict(stored or {})
         self.take_best, self.metrics, self.unsaved_eval = take_best, metrics, unsaved_eval
-        self.writer = ckpt.CheckpointWriter() if background and dist.is_main else None
+        self.writer = ckpt.CheckpointWriter() if background else None  # the other ranks' write only shards
         self.hold: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # the watchdog's pause
         self.copy_s = 0.0  # the longest host copy
 
@@ -289,9 +291,7 @@ class Checkpointer(Hook):
         rng = ckpt.capture_rng(self.dist, self.group)  # a collective: every rank's own, on rank 0
         if self.metrics is not None:
             self.metrics.capture(trainer, self.group)  # a collective too: every rank's metric window, on rank 0
-        shards = trainer.stepper.shards
-        if shards is not None:  # DIST.STRATEGY fsdp: every rank writes its shards first (a collective)
-            shards = ckpt.write_shards(shards.save, self.out, trainer.step, self.group)
+        shards, finish = self._shards(trainer)
         if self.dist.is_main:
             self.wait()  # one write in flight at most; one that failed ends the run here, with its own error
             if self.metrics is not None:
@@ -300,23 +300,42 @@ class Checkpointer(Hook):
             state["hooks"][self.state_key] = {"rng": rng}
             if shards is not None:
                 state[ckpt.SHARDS_KEY] = shards
-            self._write(state, trainer.step, best)
+            self._write(state, trainer.step, best, finish)
+        elif finish is not None:
+            self.writer.start(finish, trainer.step)
+
+    def _shards(self, trainer) -> tuple[str | None, Callable[[], None] | None]:
+        """DIST.STRATEGY fsdp: every rank's shards into a new folder (a collective); its name, and in the
+        background the rest of their write (None when written on the step). (None, None) when not sharded."""
+        shards = trainer.stepper.shards
+        if shards is None:
+            return None, None
+        if self.writer is None:
+            return ckpt.write_shards(shards.save, self.out, trainer.step, self.group), None
+        self.wait()  # every rank: the previous write whole (its folder renamed) before the next is staged
+        t0 = time.monotonic()
+        started = ckpt.start_shards(shards.save_async, self.out, trainer.step, self.group, shards.write_group())
+        self.copy_s = max(self.copy_s, time.monotonic() - t0)  # the staging is this write's host copy
+        return started
 
     def save_now(self, trainer) -> None:
         """A stop's save: on disk when this returns."""
         self.save(trainer)
         self.wait()
 
-    def _write(self, state: dict, step: int, best: bool) -> None:
-        """On this thread; or a host copy here and the write in the writer's thread (not for a sharded checkpoint,
-        whose shards were written on the step: its small .pth follows at once)."""
-        if self.writer is None or ckpt.SHARDS_KEY in state:
+    def _write(self, state: dict, step: int, best: bool, finish: Callable[[], None] | None = None) -> None:
+        """On this thread; or a host copy here and the write in the writer's thread, after `finish()` (the rest of
+        the shards' write: the .pth is written once its folder is in place)."""
+        if self.writer is None:
             ckpt.save_checkpoint(state, self.out, step, self.keep, best)
             return
         t0 = time.monotonic()
         state = ckpt.host_copy(state)
         self.copy_s = max(self.copy_s, time.monotonic() - t0)
-        self.writer.submit(state, self.out, step, self.keep, best)
+        if finish is None:
+            self.writer.submit(state, self.out, step, self.keep, best)
+            return
+        self.writer.start(lambda: (finish(), ckpt.save_checkpoint(state, self.out, step, self.keep, best)), step)
 
     def wait(self) -> None:
         """Block until the checkpoint being written is on disk, raising its error if it failed (the watchdog
