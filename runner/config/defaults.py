@@ -362,7 +362,7 @@ _C.DIST.TIMEOUT_S = 600
 # How the model is spread over the processes: ddp (every process holds the whole model, gradients averaged) | fsdp
 # (FSDP2 fully_shard: parameters, gradients and optimizer state split across the processes, each timm block and the
 # root sharded, runner/fsdp.py; checkpoints written with torch.distributed.checkpoint as a folder beside each
-# step_N.pth, resharded when a run resumes on another number of processes; CHECKPOINT.ASYNC does not apply)
+# step_N.pth, in the background with CHECKPOINT.ASYNC, resharded when a run resumes on another number of processes)
 _C.DIST.STRATEGY = "ddp"
 # fsdp: free each block's gathered parameters after its forward (less memory, one more all-gather in backward)
 _C.DIST.FSDP_RESHARD_AFTER_FORWARD = True
