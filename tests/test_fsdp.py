@@ -87,18 +87,20 @@ def test_what_fsdp_does_not_combine_with_is_one_line(tmp_path, key, value, words
 
 # ---- fsdp against ddp ------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("model, rel", [("test_vit", 1e-4), ("test_resnet", 5e-3)])
-def test_fsdp_follows_the_ddp_loss_curve(tmp_path, model, rel):
+@pytest.mark.parametrize("model, rel, val", [("test_vit", 1e-4, 1.0), ("test_resnet", 5e-3, 2.0)])
+def test_fsdp_follows_the_ddp_loss_curve(tmp_path, model, rel, val):
     """The same global batches, gradients reduce-scattered instead of all-reduced: the same curve within float
     order, and nearly the same val result. The first steps agree to 1e-6; later the order of float sums grows as
     AdamW amplifies it: test_resnet's curve (BatchNorm) drifts by up to 1.7e-3 between ddp and fsdp, as much as
-    between ddp on 2 processes and on 1 accumulating 2 (1.8e-3, measured); test_vit's stays within 1e-4."""
+    between ddp on 2 processes and on 1 accumulating 2 (1.8e-3, measured); test_vit's stays within 1e-4. After 2
+    epochs test_resnet is at ~53% val/top1, where that drift moves a few of the 360 images across the decision
+    (4 measured, 1.1 points): `val` points allowed."""
     both = [trained(tmp_path / strategy, 2, "MODEL.NAME", model, "DIST.STRATEGY", strategy, "TRAIN.CLIP_GRAD", "1.0")
             for strategy in ("ddp", "fsdp")]
     got, want = losses(both[1]), losses(both[0])
     assert got[:4] == pytest.approx(want[:4], rel=1e-6)
     assert got == pytest.approx(want, rel=rel, abs=1e-5)
-    assert results(both[1])["val/top1"] == pytest.approx(results(both[0])["val/top1"], abs=1.0)
+    assert results(both[1])["val/top1"] == pytest.approx(results(both[0])["val/top1"], abs=val)
 
 
 # ---- killed and resumed ----------------------------------------------------------------------------------------
