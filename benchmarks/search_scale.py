@@ -65,7 +65,7 @@ def metric(lr: float, wd: float, epoch: int, epochs: int) -> float:
 
 def stand_in(epoch_s: tuple[float, float], rng: random.Random):
     """A replacement for worker.train: the trial trained in-process to `epoch` by sleeps; exit code 0."""
-    def train(search, trial, epoch, stop, log=print, nproc=1) -> int:
+    def train(search, trial, epoch, stop, log=print, nproc=1, server=None) -> int:
         """Rows from the last one in metrics.jsonl to `epoch`, one per drawn sleep."""
         folder = Path(search.trial_dir(trial.number))
         search.argv(trial.params, str(folder))  # what the real train reads of the trial (a trial without params fails)
@@ -134,7 +134,7 @@ def spawn(search, args: argparse.Namespace, root: Path) -> int:
         os.dup2(err, 2)
         instrument(worker, root)
         worker.train = stand_in(tuple(args.epoch_s), random.Random(f"{args.seed} {os.getpid()} {time.time()}"))
-        code = worker.run_worker(search, poll_s=args.poll_s, log=lambda _line: None)
+        code = worker.run_worker(search, poll_s=args.poll_s, log=lambda _line: None, cold=True)  # no warm server
     except BaseException:
         import traceback
 
