@@ -152,7 +152,7 @@ def train(search: Search, trial: FrozenTrial, epoch: int, stop: StopRequest, log
         out.write(_log_header(trial.number, epoch, argv).encode())
         out.flush()  # before the child writes to the same file
         started = time.time()
-        if server is None:  # cold: under torchrun, which starts its own ranks
+        if server is None:  # a new process: under torchrun (it starts its own ranks) or --cold
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_bound_to(os.getpid()))
         else:
             proc = server.segment(argv[1:], path)
