@@ -36,6 +36,7 @@ USER_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 USER_TUNABLES = ("glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold")
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
+KEPT = "freed memory kept for reuse (glibc trim threshold 2 GiB, mmap threshold 1 GiB)"  # configure()'s own choice
 _state: str | None = None  # what configure() did in this process
 
 
@@ -74,7 +75,7 @@ def _apply(env: Mapping[str, str]) -> str:
     libc = ctypes.CDLL(None)
     if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         return "glibc's default (mallopt refused the thresholds)"
-    return "freed memory kept for reuse (glibc trim threshold 2 GiB, mmap threshold 1 GiB)"
+    return KEPT
 
 
 SMALL_THRESHOLD = 128 * 1024  # glibc's starting thresholds
@@ -85,7 +86,7 @@ def for_sharded_training() -> None:
     all-gather buffers come and go once per block and step; kept, each process's peak RSS rose above DDP's
     (docs/PERFORMANCE.md, "FSDP: memory"). Both thresholds at glibc's starting 128 KiB, fixed."""
     global _state
-    if _state is None or not _state.startswith("freed memory kept"):
+    if _state != KEPT:
         return  # the user's choice, another C library, or never configured: left as it is
     libc = ctypes.CDLL(None)
     if libc.mallopt(M_MMAP_THRESHOLD, SMALL_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, SMALL_THRESHOLD):

@@ -48,7 +48,9 @@ BUSY_POLL_S = 0.2  # how often a worker waiting for a trial's folder (held by a 
 # a segment killed by a signal no stop sent (the OOM killer, kill -9) is resumed this many times in a row, then FAIL
 MAX_KILLS = 3
 KILLS = "kills"  # trial user attr: its segments killed by a signal since its last rung value
-WARM_PRELOAD = warm.PRELOAD  # what each worker's warm server imports (the tests' torch-free trainer needs none)
+# what each worker's warm server imports; None: warm.preload_for the trials' data source (the tests' torch-free
+# trainer sets [])
+WARM_PRELOAD: list[str] | None = None
 
 
 @contextlib.contextmanager
@@ -351,10 +353,10 @@ def run_worker(search: Search, poll_s: float = POLL_S, log=print, nproc: int = 1
 
 
 def _preload(search: Search) -> list[str]:
-    """What the worker's warm server imports: WARM_PRELOAD and the modules of the trials' data source."""
+    """What the worker's warm server imports: WARM_PRELOAD, else PRELOAD and the trials' data source's modules."""
     import yaml
 
-    if WARM_PRELOAD is not warm.PRELOAD:  # set by the caller (the tests' torch-free trainer)
+    if WARM_PRELOAD is not None:
         return list(WARM_PRELOAD)
     name = search.base.get("DATA.NAME")
     return warm.preload_for(yaml.safe_load(name) if name else None)
