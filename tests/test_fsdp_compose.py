@@ -7,22 +7,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from optuna.trial import TrialState
 
 from runner.checkpoint import SHARDS_KEY
 from runner.config.loader import load_config
 from runner.config.schema import FSDP_UNSUPPORTED_OPTIMIZERS, OPTIMIZERS, UNSUPPORTED_OPTIMIZERS
 from runner.errors import UserError
-from runner.sweep.search import load_search
-from runner.sweep.study import open_study
 from tests.engine.test_resume import Launch, ckpt_step, train_rows
 from tests.engine.test_watchdog import CRASH, _runner_lines, _workers, exited_76
+from tests.sweep.test_search_torchrun import trained_again, two_process_search
 from tests.test_distributed import TINY_RESNET, kill_tree
 from tests.test_fsdp import DIGITS, ELASTIC, STEPS, argv, final_weights, results, trained
 from tests.utils import ROOT, env, is_alive, torchrun
@@ -88,32 +85,13 @@ def sharded_state(out: Path) -> dict[str, torch.Tensor]:
 def test_a_search_trial_under_fsdp_equals_its_config_trained_straight(tmp_path):
     """Two trials on 2 processes each, sharded; the better one paused after epoch 1 and promoted (resumed from its
     shards) equals, to the bit, its config trained straight under torchrun by the command the table prints."""
-    path = tmp_path / "s.yaml"
-    path.write_text(
-        f"cfg: {DIGITS}\nroot: {tmp_path / 'out'}\n"
-        "set: {TRAIN.EPOCHS: 2, DATA.IMG_SIZE: 16, MODEL.NAME: test_vit, MODEL.CHANNELS_LAST: false,\n"
-        "      DATA.BATCH_SIZE: 64, LOG.PERIOD: 5, DATA.NUM_WORKERS: 0, LOG.PROGRESS: plain, DIST.STRATEGY: fsdp}\n"
-        "search:\n  trials: 2\n  seed: 5\n  asha: {eta: 2, min_epochs: 1}\n"
-        "  space:\n    TRAIN.LR: {log: [0.001, 0.01]}\n")
-    run = subprocess.run([sys.executable, "-m", "runner.sweep", "search", "--no-table", "--nproc", "2", str(path)],
-                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
-    search = load_search(str(path))
-    done = [t for t in open_study(search, create=False).get_trials() if t.state == TrialState.COMPLETE]
-    assert len(done) == 1 and sorted(done[0].intermediate_values) == [1, 2], done
-    trial = Path(search.trial_dir(done[0].number))
-    log = (Path(search.root) / "logs" / f"trial_{done[0].number}.log").read_text()
+    path, trial, log = two_process_search(
+        tmp_path, "MODEL.NAME: test_vit, MODEL.CHANNELS_LAST: false, DATA.BATCH_SIZE: 64, DIST.STRATEGY: fsdp",
+        "[0.001, 0.01]", 600)
     assert log.count("--nproc_per_node=2") == 2 and "resumed from" in log and "fsdp:" in log, log[-3000:]
-    table = subprocess.run([sys.executable, "-m", "runner.sweep", "search", "--table", str(path)], cwd=ROOT,
-                           env=env(), capture_output=True, text=True, timeout=120)
-    lines = table.stdout.splitlines()
-    command = lines[next(i for i, x in enumerate(lines) if x.startswith("best: ")) + 1].strip()
-    straight = Path(f"{trial}_again")
-    assert command.endswith(f"{trial}/config.yaml OUTPUT_DIR {straight}"), table.stdout
-    assert "STRATEGY: fsdp" in (trial / "config.yaml").read_text()  # the command trains it sharded too
-    shell = {**env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    again = subprocess.run(["bash", "-c", command], cwd=ROOT, env=shell, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr
+    assert "STRATEGY: fsdp" in (trial / "config.yaml").read_text()  # the printed command trains it sharded too
+    straight, command = trained_again(path, trial, 300)
+    assert command.endswith(f"{trial}/config.yaml OUTPUT_DIR {straight}"), command
     got, want = sharded_state(trial), sharded_state(straight)
     assert got.keys() == want.keys() and any(k.startswith("optimizer/") for k in want)
     for key, value in want.items():

@@ -21,38 +21,52 @@ ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "configs/digits/test_resnet.yaml"
 
 
-@pytest.mark.slow
-def test_a_two_process_search_equals_its_best_config_trained_straight(tmp_path):
+def two_process_search(tmp_path: Path, settings: str, lr: str, timeout: int) -> tuple[Path, Path, str]:
+    """A search of 2 trials (seed 5, ASHA eta 2 from epoch 1, TRAIN.LR log `lr`) on the digits for 2 epochs, each
+    trial under torchrun with 2 processes, `settings` added to its `set:`; the sweep file, the folder of its one
+    trial trained to the end (paused after epoch 1, then promoted) and that trial's log."""
     path = tmp_path / "s.yaml"
     path.write_text(
         f"cfg: {DIGITS}\nroot: {tmp_path / 'out'}\n"
-        "set: {TRAIN.EPOCHS: 2, DATA.IMG_SIZE: 16, MODEL.NAME: resnet10t, DATA.BATCH_SIZE: 32, LOG.PERIOD: 5,\n"
-        "      DATA.NUM_WORKERS: 0, LOG.PROGRESS: plain}\n"
+        "set: {TRAIN.EPOCHS: 2, DATA.IMG_SIZE: 16, LOG.PERIOD: 5, DATA.NUM_WORKERS: 0, LOG.PROGRESS: plain,\n"
+        f"      {settings}}}\n"
         "search:\n  trials: 2\n  seed: 5\n  asha: {eta: 2, min_epochs: 1}\n"
-        "  space:\n    TRAIN.LR: {log: [0.01, 0.2]}\n")
+        f"  space:\n    TRAIN.LR: {{log: {lr}}}\n")
     run = subprocess.run([sys.executable, "-m", "runner.sweep", "search", "--no-table", "--nproc", "2", str(path)],
-                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
     search = load_search(str(path))
     trials = open_study(search, create=False).get_trials()
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(done) == 1 and sorted(done[0].intermediate_values) == [1, 2], [t.intermediate_values for t in trials]
-    trial = Path(search.trial_dir(done[0].number))
     log = (Path(search.root) / "logs" / f"trial_{done[0].number}.log").read_text()
-    assert log.count("torch.distributed.run --standalone --nproc_per_node=2") == 2  # paused, then promoted
-    assert "resumed from" in log
+    return path, Path(search.trial_dir(done[0].number)), log
+
+
+def trained_again(path: Path, trial: Path, timeout: int) -> tuple[Path, str]:
+    """The command the search's table prints for its best trial (`trial`), run as printed into TRIAL_again; that
+    folder and the command."""
     table = subprocess.run([sys.executable, "-m", "runner.sweep", "search", "--table", str(path)], cwd=ROOT,
                            env=env(), capture_output=True, text=True, timeout=120)
     lines = table.stdout.splitlines()
     command = lines[next(i for i, x in enumerate(lines) if x.startswith("best: ")) + 1].strip()
     straight = Path(f"{trial}_again")
-    assert command.startswith("OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 tools/train.py --cfg "), \
-        table.stdout
-    assert command.endswith(f"OUTPUT_DIR {straight}")
+    assert command.endswith(f"OUTPUT_DIR {straight}"), table.stdout
     shell = {**env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     again = subprocess.run(["bash", "-c", command], cwd=ROOT, env=shell, capture_output=True, text=True,
-                           timeout=600)  # as printed: `torchrun` is the venv's
+                           timeout=timeout)  # as printed: `torchrun` is the venv's
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr
+    return straight, command
+
+
+@pytest.mark.slow
+def test_a_two_process_search_equals_its_best_config_trained_straight(tmp_path):
+    path, trial, log = two_process_search(tmp_path, "MODEL.NAME: resnet10t, DATA.BATCH_SIZE: 32", "[0.01, 0.2]", 900)
+    assert log.count("torch.distributed.run --standalone --nproc_per_node=2") == 2  # paused, then promoted
+    assert "resumed from" in log
+    straight, command = trained_again(path, trial, 600)
+    assert command.startswith("OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 tools/train.py --cfg "), \
+        command
     got, want = (torch.load(d / "checkpoints" / "last.pth", map_location="cpu", weights_only=True)
                  for d in (trial, straight))
     assert want["model"] and want["optimizer"]
