@@ -158,13 +158,10 @@ def overhead(search, args: argparse.Namespace, out: Path) -> dict:
     """Straight to the second rung against paused at the first and resumed, `repeats` times alternated."""
     first, to = search.rungs[0], search.rungs[min(1, len(search.rungs) - 1)]
     params = {"TRAIN.LR": args.overhead_lr, "TRAIN.WEIGHT_DECAY": args.overhead_wd}
-    log, straight, split = out / "overhead.log", [], []
-    for i in range(args.repeats):
-        one = train_cmd(search, params, out / "overhead" / f"straight_{i}")
-        straight.append(timed([*one, "--pause-after-epoch", str(to)], log))
-        two = train_cmd(search, params, out / "overhead" / f"split_{i}")
-        split.append(timed([*two, "--pause-after-epoch", str(first)], log)
-                     + timed([*two, "--pause-after-epoch", str(to)], log))
+    log = out / "overhead.log"
+    straight, split = zip(*(_pair(lambda cmd: timed(cmd, log), search, params, out / "overhead", i, first, to)
+                            for i in range(args.repeats)), strict=True)
+    straight, split = list(straight), list(split)
     return {"config": params, "from_epoch": first, "to_epoch": to, "straight_s": straight,
             "paused_resumed_s": split, "per_promotion_s": statistics.median(split) - statistics.median(straight)}
 
@@ -181,11 +178,9 @@ def warm_overhead(search, args: argparse.Namespace, out: Path) -> dict:
     straight, split, warm_first, cold_first = [], [], [], []
     try:
         for i in range(args.repeats):
-            one = train_cmd(search, params, out / "warm" / f"straight_{i}")
-            straight.append(_segment_s(server, [*one, "--pause-after-epoch", str(to)], log))
-            two = train_cmd(search, params, out / "warm" / f"split_{i}")
-            split.append(_segment_s(server, [*two, "--pause-after-epoch", str(first)], log)
-                         + _segment_s(server, [*two, "--pause-after-epoch", str(to)], log))
+            pair = _pair(lambda cmd: _segment_s(server, cmd, log), search, params, out / "warm", i, first, to)
+            straight.append(pair[0])
+            split.append(pair[1])
             for runs, via in ((warm_first, server), (cold_first, None)):
                 run = out / ("warm" if via else "cold") / f"first_{i}"
                 cmd = [*train_cmd(search, params, run), "LOG.PERIOD", "1"]
@@ -198,6 +193,15 @@ def warm_overhead(search, args: argparse.Namespace, out: Path) -> dict:
             "promotion_to_first_step_warm_s": warm_first, "promotion_to_first_step_cold_s": cold_first,
             "promotion_to_first_step_warm_median_s": statistics.median(warm_first),
             "promotion_to_first_step_cold_median_s": statistics.median(cold_first)}
+
+
+def _pair(run, search, params: dict, folder: Path, i: int, first: int, to: int) -> tuple[float, float]:
+    """One config trained straight to epoch `to`, then paused after `first` and resumed to `to`, each segment's
+    seconds from `run(cmd)`: (straight, paused and resumed)."""
+    one = train_cmd(search, params, folder / f"straight_{i}")
+    straight = run([*one, "--pause-after-epoch", str(to)])
+    two = train_cmd(search, params, folder / f"split_{i}")
+    return straight, run([*two, "--pause-after-epoch", str(first)]) + run([*two, "--pause-after-epoch", str(to)])
 
 
 def _segment_s(server, cmd: list[str], log: Path) -> float:
