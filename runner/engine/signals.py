@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from runner import distributed
+from runner import distributed, signalsafe
 from runner.engine.hooks import Checkpointer, EvaluationCut, Hook, Profiler, StopRun
 from runner.errors import DataUnavailable, Preempted, UserError, one_line
 from runner.rundir import marker
@@ -47,6 +47,7 @@ class StopFlag:
 
     def install(self) -> None:
         """SIGTERM, SIGUSR1 and a first Ctrl-C ask the run to finish its step, save and exit."""
+        signalsafe.start()
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             self.old[sig] = signal.signal(sig, self._handle)
         if self.launcher is not None:
@@ -59,8 +60,8 @@ class StopFlag:
         if signum == signal.SIGINT:  # a second Ctrl-C stops at once (KeyboardInterrupt), without saving
             signal.signal(signal.SIGINT, signal.default_int_handler)
             again = " (Ctrl-C again to stop at once, without saving)"
-        log.warning("received %s: finishing the current step, then saving and exiting%s",
-                    signal.Signals(signum).name, again)
+        signalsafe.later(log.warning, "received %s: finishing the current step, then saving and exiting%s",
+                         signal.Signals(signum).name, again)
         if self.cuts:  # the evaluation's loader may wait minutes for a batch: leave it at once
             self.cuts = False
             raise EvaluationCut(f"{signal.Signals(signum).name} during the evaluation")
@@ -82,6 +83,8 @@ class StopFlag:
 
     def poll(self) -> bool:
         """True once stopping is agreed; distributed runs reduce the flag one step late, asynchronously."""
+        if self.local:
+            signalsafe.drain()  # the handler's line, ahead of what the stop logs
         if self.group is None:
             self.stopping = self.local
             return self.stopping
@@ -98,6 +101,8 @@ class StopFlag:
         control group: once per epoch end), where poll() agrees one step late."""
         if self.group is None:
             return self.poll()
+        if self.local:
+            signalsafe.drain()
         if self.work is not None:  # the pending reduce is of an older flag: the one below covers it
             self.work.wait()
             self.work = None

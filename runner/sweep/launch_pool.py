@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from runner import signalsafe
 from runner.errors import EXIT_OK, EXIT_PREEMPTED, EXIT_USER
 from runner.rundir import reader
 
@@ -76,13 +77,15 @@ class Pool:
 
     def install(self) -> None:
         """Ctrl-C and SIGTERM stop the sweep (see the module's docstring)."""
+        signalsafe.start()
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGTERM, self._stop)
 
     def _stop(self, signum, frame) -> None:
         """Start nothing more; ask every running process to save and exit."""
         self.stopping = True
-        say("sweep: stopping; running points save their state (re-run the same command to continue)", err=True)
+        signalsafe.later(say, "sweep: stopping; running points save their state (re-run the same command to continue)",
+                         True)
         for run in self.running:
             if run is not None and run.proc.returncode is None:
                 try:
@@ -159,6 +162,7 @@ class Pool:
     def verdict(self, skipped: int) -> int:
         """Say what was skipped, busy, stopped or failed; the sweep's exit code."""
         unit = self.unit
+        signalsafe.drain()  # the stop's own line, if still pending, comes first
         if skipped:
             say(f"sweep: {skipped} finished point(s) skipped without starting Python; after raising TRAIN.EPOCHS or "
                 "TRAIN.MAX_STEPS, re-run with SWEEP_RECHECK=1 so that train.py extends them")
