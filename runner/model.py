@@ -351,18 +351,18 @@ def _misfit(where: str, model: nn.Module, own: dict, sd: dict, wrong: list, miss
     parts = []
     if wrong:
         parts.append(f"{len(wrong)} tensors have other shapes than {name}'s "
-                     f"({_few([f'{k} {_shape(sd[k])} vs {_shape(own[k])}' for k in wrong])})")
+                     f"({_first_few([f'{k} {_shape(sd[k])} vs {_shape(own[k])}' for k in wrong])})")
     if missing:
-        parts.append(f"{len(missing)} of the model's tensors are missing ({_few(missing)})")
+        parts.append(f"{len(missing)} of the model's tensors are missing ({_first_few(missing)})")
     if unexpected:
-        parts.append(f"{len(unexpected)} are not in {name} ({_few(unexpected)})")
+        parts.append(f"{len(unexpected)} are not in {name} ({_first_few(unexpected)})")
     if not parts:
         parts.append(f"none of its {len(sd)} tensors belong to {name}")
     return (f"{where} does not fit {model_key} {name} with MODEL.NUM_CLASSES {_num_classes(model)}: "
             f"{'; '.join(parts)}{_saved_by(meta, model_key, _num_classes(model))}")
 
 
-def _few(items: list[str], n: int = 2) -> str:
+def _first_few(items: list[str], n: int = 2) -> str:
     """The first n items, then '...' when there are more."""
     return ", ".join(items[:n]) + (", ..." if len(items) > n else "")
 

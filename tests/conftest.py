@@ -109,4 +109,4 @@ def _give_back_loggers(state: dict[str, tuple]) -> None:
         logger.handlers[:] = handlers
         logger.setLevel(level)
         logger.propagate = propagate
-    logs._EARLY.records.clear()
+    logs._BEFORE_LOG_FILE.records.clear()

@@ -13,7 +13,7 @@ log = logging.getLogger("runner")
 _FMT = "%(asctime)s %(levelname).1s %(message)s"
 
 
-class _Early(logging.Handler):
+class _WarningsBeforeLogFile(logging.Handler):
     """Rank 0's warnings from before log.txt is open (claiming the folder: a damaged checkpoint skipped, say),
     kept to be written into log.txt first when it opens: every warning of a run reaches its log."""
 
@@ -27,7 +27,7 @@ class _Early(logging.Handler):
             self.records.append(record)
 
 
-_EARLY = _Early()
+_BEFORE_LOG_FILE = _WarningsBeforeLogFile()
 _SETUP: tuple[str | None, int] | None = None  # setup_logging's latest arguments: a spawned worker repeats them
 
 
@@ -55,15 +55,15 @@ def setup_logging(output_dir: str | None, rank: int) -> None:
         console.setFormatter(logging.Formatter(f"[rank {rank}] {_FMT}", "%H:%M:%S"))
     log.addHandler(console)
     if rank == 0 and not output_dir:
-        _EARLY.records.clear()
-        log.addHandler(_EARLY)
+        _BEFORE_LOG_FILE.records.clear()
+        log.addHandler(_BEFORE_LOG_FILE)
     if rank == 0 and output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         fh = logging.FileHandler(layout.path(output_dir, layout.LOG), encoding="utf-8", errors="backslashreplace")
         fh.setFormatter(logging.Formatter(_FMT, "%Y-%m-%d %H:%M:%S"))
-        for record in _EARLY.records:
+        for record in _BEFORE_LOG_FILE.records:
             fh.handle(record)
-        _EARLY.records.clear()
+        _BEFORE_LOG_FILE.records.clear()
         log.addHandler(fh)
     _capture_warnings()
 

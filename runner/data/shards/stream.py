@@ -213,7 +213,7 @@ def _close(readers: dict[int, StreamReader]) -> None:
         r.close()
 
 
-def _keep(part: Any) -> Any:
+def _already_batched(part: Any) -> Any:
     """DataLoader collate for parts already batched by the worker."""
     return part
 
@@ -338,7 +338,7 @@ class ShardLoader:
 
     def _loader(self) -> DataLoader:
         """A DataLoader over the parts; not persistent, so each pass's workers get the current position."""
-        return DataLoader(self.parts, batch_size=None, collate_fn=_keep, num_workers=self.workers,
+        return DataLoader(self.parts, batch_size=None, collate_fn=_already_batched, num_workers=self.workers,
                           prefetch_factor=self.prefetch if self.workers else None, **self.options)
 
     def _parts(self) -> Iterator:
