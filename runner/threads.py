@@ -23,14 +23,14 @@ from pathlib import Path
 # inherit OMP_NUM_THREADS and must tell our choice, which they make again for their own cores and local ranks
 # (torchrun sets OMP_NUM_THREADS=1 per worker only where it is unset), from a user's, which they keep.
 MARKER = "_RUNNER_CPU_THREADS"
-# PASSIVE: a waiting thread sleeps at once (futex) instead of spinning. It is a trade (docs/PERFORMANCE.md, "CPU
-# threads on a loaded machine", README's digits run, 2 cores, medians of 3): quiet 9.8 -> 19.2 s (each of the
-# tiny model's many short parallel regions pays a wake-up), beside two busy torch processes 152 -> 59 s. So it is
-# chosen only when other processes fill the cores at start, as a 0.2 s look at /proc/stat (taken always) sees them:
-# at least the usable cores less half a core kept busy by others. The 1-minute load average lags by a minute both
-# ways (a load that started 3 s ago is not in it: 10x the quiet run; a run that just ended still is), so it is used
-# only where there is no /proc/stat. On such crowded cores the thread count is halved too (2 -> 1 here: 36 s
-# against PASSIVE's 55 s beside the same load): every parallel region waits for its last thread to get a core.
+# PASSIVE: a waiting thread sleeps at once (futex) instead of spinning. It is a trade (measured in
+# docs/PERFORMANCE.md, "CPU threads on a loaded machine"): on quiet cores it slows a tiny model, each of whose many
+# short parallel regions pays a wake-up; beside busy processes it is several times faster. So it is chosen only when
+# other processes fill the cores at start, as a short look at /proc/stat (taken always) sees them: at least the
+# usable cores less half a core kept busy by others. The 1-minute load average lags by a minute both ways (a load
+# that started seconds ago is not in it; a run that just ended still is), so it is used only where there is no
+# /proc/stat. On such crowded cores the thread count is halved too: every parallel region waits for its last thread
+# to get a core.
 # A count chosen by load would make a run's numerics depend on the load at its start (CPU kernels split their
 # reductions by thread), so a checkpoint keeps the count and a resume takes it again (follow_run).
 WAIT_POLICY = "PASSIVE"
