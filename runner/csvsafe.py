@@ -1,7 +1,8 @@
 """CSV that a spreadsheet opens as data: no cell of ours is ever read as a formula (CSV injection).
 
 OWASP's rule: a text cell beginning with = + - @ TAB or CR gets a leading single quote, which Excel, LibreOffice
-and Google Sheets show as text; numbers are left as they are (a negative number is a number, not a formula).
+and Google Sheets show as text; numbers are left as they are (a negative number is a number, not a formula). The
+full-width forms of = + - @ count too: Excel in East Asian locales reads a cell typed with them as a formula.
 Light on purpose (standard library only): tools/predict.py and runner/sweep/summary.py write their CSV with it.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ import io
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")  # then ＝ ＋ － ＠
 
 
 def safe_cell(value: Any) -> Any:
