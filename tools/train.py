@@ -20,7 +20,7 @@ from runner.startup import prepare
 prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
 
 from runner.config import build_parser
-from runner.errors import UserError, cli, run_script
+from runner.errors import DataUnavailable, UserError, cli, run_script
 from runner.preflight import config_command
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     """Load the config; skip a finished run before importing anything heavy; train."""
     try:
         loaded = config_command(argv, _parser(), resolve_auto=False)  # build_trainer resolves "auto" (or resumes it)
-    except UserError as e:
+    except (UserError, DataUnavailable) as e:  # DataUnavailable: DATA.ROOT's server, down for DATA.RETRY_S
         e.relayed = True  # under torchrun every rank reads the same arguments: rank 0's line is the one shown
         raise
     if loaded is None:
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         preflight.check_before_claim(cfg, preflight.world_size())  # before the claim: nothing written or locked
-    except UserError as e:
-        e.relayed = True  # every rank meets the same mistake: rank 0's line is the one shown
+    except (UserError, DataUnavailable) as e:
+        e.relayed = True  # every rank meets the same mistake or outage: rank 0's line is the one shown
         raise
     if os.environ.get("RANK", "0") == "0":  # other ranks learn rank 0's verdict (they may start after it locked)
         rules.check_output_dir(cfg)  # before anything heavy: a folder that is not ours is refused at once

@@ -3,12 +3,15 @@ is ridden out for DATA.RETRY_S with the streams' back-off, then tools/train.py s
 written), as the same fault does one step later; a 404 stays a user mistake (exit 2) and is not waited on."""
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from runner.preflight import load_config
 from tests.data.test_shard_faults import DIGITS, dead_port, server, small  # noqa: F401 (fixtures)
-from tests.utils import assert_user_error, run_tool
+from tests.utils import ROOT, assert_user_error, env, run_tool, torchrun
 
 SHARDS = ["MODEL.NAME", "resnet10t", "DATA.NAME", "shards", "DATA.IMG_SIZE", "8", "DATA.BATCH_SIZE", "8",
           "DATA.SHARD_STREAMS", "2", "DATA.NUM_WORKERS", "0"]
@@ -53,3 +56,17 @@ def test_a_refused_connection_at_start_up_stops_as_preempted(tmp_path):
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith(f"{url}/class_map.json is unavailable:") and "DATA.RETRY_S 2" in line, line
     assert took >= 2
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_start_up_outage_is_said_once(tmp_path):
+    """Every rank reads the index and meets the same outage: rank 0's line is the one shown (the others wait,
+    quiet, until torchrun ends them; torchrun itself exits 1 for any failed rank)."""
+    url = f"http://127.0.0.1:{dead_port()}"
+    argv = [*torchrun(["--standalone", "--nproc_per_node=2", str(ROOT / "tools" / "train.py")]), "--cfg", DIGITS,
+            *SHARDS, "DATA.ROOT", url, "DATA.RETRY_S", "2", "OUTPUT_DIR", str(tmp_path / "run")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=ROOT, env=env())
+    # torchrun's own report (its ChildFailedError traceback) names rank 0's code; the ranks print no traceback
+    assert "exitcode  : 75" in done.stderr and done.stderr.count("Traceback") == 1, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "is unavailable:" in line and "DATA.RETRY_S 2" in line]
+    assert len(said) == 1, done.stderr[-3000:]
