@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError
+from runner.keys import Key, above, at_least, declare, owned_by
 
 if TYPE_CHECKING:
     import torch
@@ -131,30 +132,115 @@ class Schedule:
     """A TRAIN.SCHEDULER value: `build(cfg, optimizer, steps_per_epoch)` returns the per-step schedule (timm's
     interface: step_update(num_updates), state_dict, load_state_dict); `length_shaped`: its shape follows
     TRAIN.EPOCHS, so a longer run re-derives it (what a resume or an extension then says); `reads`: the
-    SCHEDULE_KEYS it reads (None: unknown, nothing is warned about); `check(cfg)`: (key, message) of a mistake."""
+    schedule keys it reads (None: unknown, nothing is warned about); `check(cfg)`: (key, message) of a mistake;
+    `doc`: what it does, one line of TRAIN.SCHEDULER's --help-keys text."""
 
     build: Callable[[Any, Any, int], Any]
     length_shaped: bool = False
     reads: tuple[str, ...] | None = None
     check: Callable[[Any], tuple[str, str] | None] | None = None
+    doc: str = ""
 
 
 SCHEDULES: dict[str, Schedule] = {}  # TRAIN.SCHEDULER's values (config/schema.py checks against this table)
 
-# The TRAIN keys the schedules below read. One the chosen schedule does not read, set away from its default, is
-# warned about once (timm's train.py ignores it silently; a refusal would break a sweep over TRAIN.SCHEDULER)
-SCHEDULE_KEYS = ("WARMUP_EPOCHS", "WARMUP_LR", "MIN_LR", "DECAY_EPOCHS", "DECAY_RATE", "DECAY_MILESTONES",
-                 "POLY_POWER", "K_DECAY", "CYCLE_LIMIT", "CYCLE_MUL", "CYCLE_DECAY", "COOLDOWN_EPOCHS",
-                 "PLATEAU_PATIENCE", "PLATEAU_COOLDOWN")
+
+def scheduler_comment() -> str:
+    """TRAIN.SCHEDULER's --help-keys text, from the table: each schedule's line, which follow TRAIN.EPOCHS."""
+    shaped = [name for name, s in SCHEDULES.items() if s.length_shaped]
+    return "\n".join(
+        ["LR schedule (timm's, stepped every optimizer step; all but none warm up over WARMUP_EPOCHS first):"]
+        + [f"  {name}: {s.doc}" for name, s in SCHEDULES.items()]
+        + [f"{', '.join(shaped)} follow TRAIN.EPOCHS (a longer run re-derives them); the others do not. A key below "
+           "that the chosen schedule does not read is warned about once, not refused (timm ignores it too)"])
+
+
+# The knobs of the schedules below (TRAIN.SCHEDULER's values are checked against SCHEDULES by config/schema.py).
+# One the chosen schedule does not read, set away from its default, is warned about once (timm's train.py ignores
+# it silently; a refusal would break a sweep over TRAIN.SCHEDULER)
+declare([
+    Key("TRAIN.SCHEDULER", "cosine", scheduler_comment),
+    Key("TRAIN.WARMUP_EPOCHS", 0.0,
+        "Epochs of linear warmup from WARMUP_LR to LR (fractions allowed; every schedule but none)",
+        check=at_least(0)),
+    Key("TRAIN.WARMUP_LR", 1e-05,
+        "LR at the start of warmup",
+        check=at_least(0)),
+    Key("TRAIN.MIN_LR", 0.0,
+        "Lowest LR the schedule reaches (cosine, tanh, poly: their end and cooldown; plateau: its floor)",
+        check=at_least(0)),
+    Key("TRAIN.DECAY_EPOCHS", 30.0,
+        "step: epochs between decays (fractions allowed)",
+        check=above(0)),
+    Key("TRAIN.DECAY_RATE", 0.1,
+        "step, multistep, plateau: the factor applied to the LR at each decay (plateau: < 1)",
+        check=(lambda x: 0 < x <= 1, "in (0, 1]")),
+    Key("TRAIN.DECAY_MILESTONES", (30.0, 60.0, 90.0),
+        "multistep: the LR is multiplied by DECAY_RATE after each of these epochs (increasing; fractions "
+        "allowed), counted from the start, warmup included. timm's --decay-milestones, but a milestone m "
+        "acts after m whole epochs, as step and torch's MultiStepLR do (timm's own applies it one epoch, "
+        "or one step, early)",
+        check=(lambda x: len(x) > 0 and x[0] > 0 and list(x) == sorted(set(x)),
+              "a non-empty list of increasing epochs > 0, e.g. [30, 60, 90]")),
+    Key("TRAIN.POLY_POWER", 0.5,
+        "poly: the power of the decay, (1 - t/T)**POLY_POWER: 1 is linear, below 1 holds the LR high for "
+        "longer (timm's PolyLRScheduler power; timm's train.py passes --decay-rate for it)",
+        check=above(0)),
+    Key("TRAIN.K_DECAY", 1.0,
+        "cosine, poly: k-decay (timm's --lr-k-decay, arXiv 2004.05909): t becomes t**K_DECAY; above 1 the "
+        "LR stays high for longer, then falls faster. 1 = the plain curve",
+        check=above(0)),
+    Key("TRAIN.CYCLE_LIMIT", 1,
+        "cosine, tanh, poly: the number of cycles (warm restarts, SGDR) that fill TRAIN.EPOCHS (less "
+        "COOLDOWN_EPOCHS); each restarts from the previous peak times CYCLE_DECAY. timm's train.py trains "
+        "--epochs per cycle; here TRAIN.EPOCHS is the whole run",
+        check=at_least(1)),
+    Key("TRAIN.CYCLE_MUL", 1.0,
+        "cosine, tanh, poly: each cycle is CYCLE_MUL times as long as the one before (SGDR's T_mult)",
+        check=above(0)),
+    Key("TRAIN.CYCLE_DECAY", 0.5,
+        "cosine, tanh, poly: each cycle's peak LR is the previous one's times CYCLE_DECAY (timm's --lr- "
+        "cycle-decay)",
+        check=(lambda x: 0 < x <= 1, "in (0, 1]")),
+    Key("TRAIN.COOLDOWN_EPOCHS", 0.0,
+        "cosine, tanh, poly: the last COOLDOWN_EPOCHS of TRAIN.EPOCHS hold the LR at MIN_LR after the "
+        "cycles end (timm's --cooldown-epochs, which timm's train.py adds after --epochs; here they are "
+        "part of TRAIN.EPOCHS)",
+        check=at_least(0)),
+    Key("TRAIN.PLATEAU_PATIENCE", 10,
+        "plateau: evaluations in a row without improving the best metric that are tolerated; the next one "
+        "without improvement lowers the LR (torch's ReduceLROnPlateau patience, timm's --patience- "
+        "epochs). Evaluations during the warmup do not count",
+        check=at_least(0)),
+    Key("TRAIN.PLATEAU_COOLDOWN", 0,
+        "plateau: evaluations after a decay during which no improvement is expected (ReduceLROnPlateau's "
+        "cooldown)",
+        check=at_least(0)),
+], owner="schedule", after="TRAIN.WEIGHT_DECAY")
+
+
+def schedule_keys() -> tuple[str, ...]:
+    """The TRAIN keys that schedules declared (the built-in knobs and any a registered schedule added)."""
+    return tuple(name.split(".", 1)[1] for name in owned_by("schedule")
+                 if name.startswith("TRAIN.") and name != "TRAIN.SCHEDULER")
+
+
+SCHEDULE_KEYS = schedule_keys()  # the built-in schedules' knobs
 _WARMUP = ("WARMUP_EPOCHS", "WARMUP_LR")
 _CYCLES = ("MIN_LR", "CYCLE_LIMIT", "CYCLE_MUL", "CYCLE_DECAY", "COOLDOWN_EPOCHS")
 
 
 def register_schedule(name: str, build: Callable[[Any, Any, int], Any], length_shaped: bool = False,
                       reads: tuple[str, ...] | None = None,
-                      check: Callable[[Any], tuple[str, str] | None] | None = None) -> Schedule:
-    """Add an LR schedule under `name`: the one line a new schedule needs (its module defines `build`)."""
-    SCHEDULES[name] = Schedule(build, length_shaped, reads, check)
+                      check: Callable[[Any], tuple[str, str] | None] | None = None, doc: str = "",
+                      keys: tuple[Key, ...] = ()) -> Schedule:
+    """Add an LR schedule under `name`: the one line a new schedule needs (its module defines `build`).
+
+    `keys`: its own knobs (runner.keys.Key, TRAIN.*), added to the config; it reads them as well as `reads`.
+    """
+    declare(keys, owner=f"schedule {name}")
+    own = tuple(key.name.split(".", 1)[1] for key in keys)
+    SCHEDULES[name] = Schedule(build, length_shaped, None if reads is None else reads + own, check, doc)
     return SCHEDULES[name]
 
 
@@ -287,16 +373,24 @@ def plateau(cfg, optimizer, steps_per_epoch: int) -> PlateauLR:
 # cosine, tanh and poly derive their shape from TRAIN.EPOCHS (their cycles and cooldown fill it); step's and
 # multistep's decay points, plateau's evaluations and the constant LR do not move with the length
 register_schedule("cosine", timm_schedule("cosine"), length_shaped=True, reads=_WARMUP + _CYCLES + ("K_DECAY",),
-                  check=check_cycles)
-register_schedule("tanh", timm_schedule("tanh"), length_shaped=True, reads=_WARMUP + _CYCLES, check=check_cycles)
+                  check=check_cycles, doc="from LR down to MIN_LR over the run, in CYCLE_LIMIT cycles then "
+                                          "COOLDOWN_EPOCHS (K_DECAY)")
+register_schedule("tanh", timm_schedule("tanh"), length_shaped=True, reads=_WARMUP + _CYCLES, check=check_cycles,
+                  doc="as cosine along a tanh curve (no K_DECAY)")
 register_schedule("poly", timm_schedule("poly"), length_shaped=True,
-                  reads=_WARMUP + _CYCLES + ("POLY_POWER", "K_DECAY"), check=check_cycles)
-register_schedule("step", timm_schedule("step"), reads=_WARMUP + ("DECAY_EPOCHS", "DECAY_RATE"))
-register_schedule("multistep", multistep, reads=_WARMUP + ("DECAY_MILESTONES", "DECAY_RATE"))
+                  reads=_WARMUP + _CYCLES + ("POLY_POWER", "K_DECAY"), check=check_cycles,
+                  doc="from LR down to MIN_LR as (1 - t/T)**POLY_POWER; cycles, cooldown and K_DECAY as cosine")
+register_schedule("step", timm_schedule("step"), reads=_WARMUP + ("DECAY_EPOCHS", "DECAY_RATE"),
+                  doc="LR times DECAY_RATE every DECAY_EPOCHS")
+register_schedule("multistep", multistep, reads=_WARMUP + ("DECAY_MILESTONES", "DECAY_RATE"),
+                  doc="LR times DECAY_RATE after each of DECAY_MILESTONES")
 register_schedule("plateau", plateau, reads=_WARMUP + ("MIN_LR", "DECAY_RATE", "PLATEAU_PATIENCE",
-                                                       "PLATEAU_COOLDOWN"), check=check_plateau)
-register_schedule("constant", timm_schedule("constant"), reads=_WARMUP)
-register_schedule("none", lambda cfg, optimizer, steps_per_epoch: ConstantLR(optimizer), reads=())
+                                                       "PLATEAU_COOLDOWN"), check=check_plateau,
+                  doc="LR times DECAY_RATE (down to MIN_LR) once CHECKPOINT.BEST_METRIC (in BEST_MODE) has not "
+                      "improved for more than PLATEAU_PATIENCE evaluations; its counters are in the checkpoint")
+register_schedule("constant", timm_schedule("constant"), reads=_WARMUP, doc="LR after the warmup")
+register_schedule("none", lambda cfg, optimizer, steps_per_epoch: ConstantLR(optimizer), reads=(),
+                  doc="LR as set, no warmup")
 
 
 def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
@@ -306,11 +400,11 @@ def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int)
 
 
 def warn_ignored_keys(cfg) -> None:
-    """One warning naming the SCHEDULE_KEYS set away from their defaults that TRAIN.SCHEDULER does not read."""
+    """One warning naming the schedule keys set away from their defaults that TRAIN.SCHEDULER does not read."""
     from runner.config.defaults import _C
 
     reads = SCHEDULES[cfg.TRAIN.SCHEDULER].reads
-    ignored = [f"TRAIN.{key} {cfg.TRAIN[key]}" for key in SCHEDULE_KEYS
+    ignored = [f"TRAIN.{key} {cfg.TRAIN[key]}" for key in schedule_keys()
                if reads is not None and key not in reads and cfg.TRAIN[key] != _C.TRAIN[key]]
     if ignored:
         log.warning("TRAIN.SCHEDULER %s ignores %s (python tools/train.py --help-keys TRAIN says which schedule "

@@ -1,11 +1,16 @@
 """Every config key with its default and a comment saying what it means; nothing else.
 
 A YAML file holds only what differs from these. The rules a value must follow are in schema.py, loading in
-loader.py.
+loader.py. The keys of a registered component (an LR schedule's knobs, a data source's, a sink's) are declared in
+its own module (runner.keys.Key, beside its registration) and added here, each at the place its declaration names:
+runner/optim.py (TRAIN.SCHEDULER and its knobs), runner/data/sources.py (DATA.NAME and the sources' keys),
+runner/sinks/catalog.py (LOG.TENSORBOARD, LOG.WANDB*, LOG.MLFLOW*). `python tools/train.py --help-keys` lists all.
 """
 from __future__ import annotations
 
 from yacs.config import CfgNode as CN
+
+from runner import keys
 
 _C = CN()
 
@@ -65,10 +70,6 @@ _C.MODEL.GRAD_CHECKPOINTING = False
 # Data
 # ---------------------------------------------------------------------------------------------------------
 _C.DATA = CN()
-# Dataset, a name in runner/data/sources.py (which checks it): digits (sklearn 8x8 digits, in memory) | folder
-# (ImageFolder layout under ROOT) | synthetic | shards (webdataset tar shards under ROOT, streamed: see SHARD_*) |
-# hf (a Hugging Face dataset: ROOT is its Hub repo id or a local path) | torchvision (the set DATA.SET under ROOT)
-_C.DATA.NAME = "digits"
 # Dataset root folder (needed by folder, shards, torchvision; shards also take an http(s) URL; hf: a Hub repo id
 # or a local path); "~" expanded; relative to the current folder
 _C.DATA.ROOT = ""
@@ -98,8 +99,6 @@ _C.DATA.PREFETCH_FACTOR = 4
 _C.DATA.ON_DEVICE = True
 # Fraction of the data held out for validation (datasets without a val split)
 _C.DATA.VAL_FRACTION = 0.2
-# Number of images in the synthetic dataset
-_C.DATA.SYNTHETIC_SIZE = 1024
 # Per-channel normalization mean, e.g. [0.5, 0.5, 0.5]; auto = the pretrained weights' (timm's pretrained_cfg) with
 # MODEL.PRETRAINED, else ImageNet's [0.485, 0.456, 0.406]. config.yaml stores the values auto took
 _C.DATA.MEAN = "auto"
@@ -117,60 +116,6 @@ _C.DATA.TEST_SPLIT = ""
 # in the same global batch under different random augmentations, so an epoch holds that many passes over the
 # data (DeiT's 300 epochs at 3 cost what TRAIN.EPOCHS 100 costs here). 1 = off
 _C.DATA.REPEATED_AUG = 1
-# DATA.NAME shards (webdataset tar shards, KEY.jpg + KEY.cls, as tools/make_shards.py writes them): DATA.ROOT (a
-# folder or an http(s) base URL) holds class_map.json and {train,val}/index.json (shard names, sample counts).
-# Where each shard is read from: a template with {root}, {split}, {name}: a path, an http(s) URL or webdataset's
-# pipe:COMMAND (e.g. "pipe:aws s3 cp s3://bucket/{split}/{name} -"; a shell command from the config: a config file
-# is code to trust; each placeholder is quoted as one shell word, so do not quote it yourself); "" =
-# {root}/{split}/{name}
-_C.DATA.SHARD_URL = ""
-# Train shards to use: a brace pattern of shard names ("train-{000000..000099}.tar", several joined by ::);
-# "" = every shard in the train index
-_C.DATA.TRAIN_SHARDS = ""
-# Streams the training order is cut into (like MosaicML's canonical nodes): the order depends on SEED, the epoch,
-# this and SHARD_WINDOW only, so a run resumes exactly on any number of processes dividing it; each process reads
-# the streams k = rank (mod processes), its loader workers a disjoint share of those
-_C.DATA.SHARD_STREAMS = 8
-# Shuffle window, in samples: each stream is shuffled within consecutive blocks of this many samples. Memory
-# per rank: about 2 x SHARD_WINDOW x SHARD_STREAMS / processes encoded images (plus one step's samples)
-_C.DATA.SHARD_WINDOW = 1000
-# Tries to fetch a shard (or the index) before the run stops with one line naming it
-_C.DATA.SHARD_RETRIES = 3
-# Seconds a data server may keep failing with a fault that passes (HTTP 5xx, a refused or reset connection, a
-# read that gets no byte for min(this, 60) s) before the run saves at its last optimizer step and exits 75
-# (preempted: the same command continues it); retried with backoff meanwhile; 0 = stop at the first such fault
-_C.DATA.RETRY_S = 120.0
-# DATA.NAME torchvision: the classic set to read from DATA.ROOT (torchvision.datasets, in its own on-disk layout):
-# cifar10 | cifar100 | mnist | fashion-mnist | kmnist | svhn | stl10 | flowers102 (test: DATA.TEST_SPLIT test) |
-# oxford-pets | food101 (val is each set's test split, flowers102's val). Grayscale sets (mnist, fashion-mnist,
-# kmnist) train with MODEL.IN_CHANS 1 (one DATA.MEAN and DATA.STD value) or are converted to RGB for 3.
-# DATA.NAME hf: the dataset's configuration (subset) name; "" = its default
-_C.DATA.SET = ""
-# DATA.NAME torchvision: download the set into DATA.ROOT when its files are missing (rank 0 downloads, then each
-# other node's local rank 0 where DATA.ROOT is not shared; the other ranks wait at a barrier, up to DIST.TIMEOUT_S);
-# false = refuse missing files
-_C.DATA.DOWNLOAD = False
-# DATA.NAME hf: the split to train on; "" = train
-_C.DATA.TRAIN_SPLIT = ""
-# DATA.NAME hf: the split to validate on; "" = the first of validation, val, valid, test the dataset has (none:
-# DATA.VAL_FRACTION of the train split is held out, the same rows for the same SEED)
-_C.DATA.VAL_SPLIT = ""
-# DATA.NAME hf: the column holding the images; "" = the one column with an Image feature
-_C.DATA.IMAGE_COLUMN = ""
-# DATA.NAME hf: the column holding the labels; "" = the one ClassLabel column (its names are the class names), else
-# a column called label or labels (integers: the class indices; strings: classes sorted by name)
-_C.DATA.LABEL_COLUMN = ""
-# DATA.NAME hf: read the dataset's parquet files as streams, never downloaded or loaded whole (sets beyond the
-# disk): the order is DATA.NAME shards' (SHARD_STREAMS fixed streams over the train split's files, shuffled within
-# SHARD_WINDOW rows; a function of SEED and the epoch only), each process reading streams k = rank (mod processes),
-# each loader worker its share, the epoch's length from the files' parquet footers. Needs parquet files (the
-# Hub's layout), a val split (none is held out of a stream) and labels that are class indices (ClassLabel or
-# integers). Mid-epoch and elastic resume are exact on any number of processes dividing SHARD_STREAMS and any
-# number of workers (a resume refuses a change of SHARD_STREAMS or SHARD_WINDOW), as long as the split's files are
-# unchanged: a file with fewer rows than at the start is one line, but files added or removed, or rows rewritten,
-# give another order or other images unnoticed; so a Hub dataset given a new commit since the run began is no
-# longer the same run: stream a copy you control. Each epoch leaves out (rows mod SHARD_STREAMS) rows, as shards do
-_C.DATA.HF_STREAMING = False
 
 # ---------------------------------------------------------------------------------------------------------
 # Augmentation (training only; passed to timm's transform factory)
@@ -220,53 +165,6 @@ _C.TRAIN.LR = 0.1
 _C.TRAIN.MOMENTUM = 0.9
 # Weight decay
 _C.TRAIN.WEIGHT_DECAY = 5e-5
-# LR schedule (timm's, stepped every optimizer step; all but none warm up over WARMUP_EPOCHS first):
-#   cosine, tanh: from LR down to MIN_LR over the run, in CYCLE_LIMIT cycles then COOLDOWN_EPOCHS (K_DECAY: cosine)
-#   poly: from LR down to MIN_LR as (1 - t/T)**POLY_POWER; cycles, cooldown and K_DECAY as cosine
-#   step: LR times DECAY_RATE every DECAY_EPOCHS    multistep: LR times DECAY_RATE after each of DECAY_MILESTONES
-#   plateau: LR times DECAY_RATE (down to MIN_LR) once CHECKPOINT.BEST_METRIC (in BEST_MODE) has not improved for
-#     more than PLATEAU_PATIENCE evaluations; its counters are in the checkpoint
-#   constant: LR after the warmup    none: LR as set, no warmup
-# cosine, tanh and poly follow TRAIN.EPOCHS (a longer run re-derives them); the others do not. A key below that
-# the chosen schedule does not read is warned about once, not refused (timm ignores it too)
-_C.TRAIN.SCHEDULER = "cosine"
-# Epochs of linear warmup from WARMUP_LR to LR (fractions allowed; every schedule but none)
-_C.TRAIN.WARMUP_EPOCHS = 0.0
-# LR at the start of warmup
-_C.TRAIN.WARMUP_LR = 1e-5
-# Lowest LR the schedule reaches (cosine, tanh, poly: their end and cooldown; plateau: its floor)
-_C.TRAIN.MIN_LR = 0.0
-# step: epochs between decays (fractions allowed)
-_C.TRAIN.DECAY_EPOCHS = 30.0
-# step, multistep, plateau: the factor applied to the LR at each decay (plateau: < 1)
-_C.TRAIN.DECAY_RATE = 0.1
-# multistep: the LR is multiplied by DECAY_RATE after each of these epochs (increasing; fractions allowed), counted
-# from the start, warmup included. timm's --decay-milestones, but a milestone m acts after m whole epochs, as step
-# and torch's MultiStepLR do (timm's own applies it one epoch, or one step, early)
-_C.TRAIN.DECAY_MILESTONES = (30.0, 60.0, 90.0)
-# poly: the power of the decay, (1 - t/T)**POLY_POWER: 1 is linear, below 1 holds the LR high for longer (timm's
-# PolyLRScheduler power; timm's train.py passes --decay-rate for it)
-_C.TRAIN.POLY_POWER = 0.5
-# cosine, poly: k-decay (timm's --lr-k-decay, arXiv 2004.05909): t becomes t**K_DECAY; above 1 the LR stays high
-# for longer, then falls faster. 1 = the plain curve
-_C.TRAIN.K_DECAY = 1.0
-# cosine, tanh, poly: the number of cycles (warm restarts, SGDR) that fill TRAIN.EPOCHS (less COOLDOWN_EPOCHS); each
-# restarts from the previous peak times CYCLE_DECAY. timm's train.py trains --epochs per cycle; here TRAIN.EPOCHS is
-# the whole run
-_C.TRAIN.CYCLE_LIMIT = 1
-# cosine, tanh, poly: each cycle is CYCLE_MUL times as long as the one before (SGDR's T_mult)
-_C.TRAIN.CYCLE_MUL = 1.0
-# cosine, tanh, poly: each cycle's peak LR is the previous one's times CYCLE_DECAY (timm's --lr-cycle-decay)
-_C.TRAIN.CYCLE_DECAY = 0.5
-# cosine, tanh, poly: the last COOLDOWN_EPOCHS of TRAIN.EPOCHS hold the LR at MIN_LR after the cycles end (timm's
-# --cooldown-epochs, which timm's train.py adds after --epochs; here they are part of TRAIN.EPOCHS)
-_C.TRAIN.COOLDOWN_EPOCHS = 0.0
-# plateau: evaluations in a row without improving the best metric that are tolerated; the next one without
-# improvement lowers the LR (torch's ReduceLROnPlateau patience, timm's --patience-epochs). Evaluations during the
-# warmup do not count
-_C.TRAIN.PLATEAU_PATIENCE = 10
-# plateau: evaluations after a decay during which no improvement is expected (ReduceLROnPlateau's cooldown)
-_C.TRAIN.PLATEAU_COOLDOWN = 0
 # Micro-batches accumulated per optimizer step
 _C.TRAIN.ACCUM_STEPS = 1
 # Gradient clipping threshold; 0 = off
@@ -427,25 +325,8 @@ _C.CHECKPOINT.RESUME = "auto"
 _C.LOG = CN()
 # Log training scalars every this many optimizer steps
 _C.LOG.PERIOD = 20
-# Write TensorBoard event files
-_C.LOG.TENSORBOARD = True
 # Console progress: auto (bar on a terminal, plain lines otherwise) | bar | plain
 _C.LOG.PROGRESS = "auto"
-# Log to Weights & Biases too (pip install -e ".[wandb]"); scalars reach it as checkpoints cover them
-_C.LOG.WANDB = False
-# W&B project; the run is named after OUTPUT_DIR and grouped by OUTPUT_DIR's parent folder (a sweep's folder)
-_C.LOG.WANDB_PROJECT = "runner"
-# W&B entity (user or team); "" = the account's default
-_C.LOG.WANDB_ENTITY = ""
-# Extra W&B tags (a sweep's points are tagged with their swept KEY=VALUE as well)
-_C.LOG.WANDB_TAGS = ()
-# online (offline, with one line saying how to sync, when there is no API key or no network) | offline
-_C.LOG.WANDB_MODE = "online"
-# MLflow tracking URI (pip install -e ".[mlflow]"): "" = off; file:/path or sqlite:///path.db need no server
-_C.LOG.MLFLOW_URI = ""
-# MLflow experiment; "" = the name of OUTPUT_DIR's parent folder (all points of a sweep in one experiment), or of
-# OUTPUT_DIR itself when its parent is output/ (a single run)
-_C.LOG.MLFLOW_EXPERIMENT = ""
 
 # ---------------------------------------------------------------------------------------------------------
 # Profiler (torch.profiler)
@@ -468,3 +349,42 @@ _C.PROFILE.ROW_LIMIT = 15
 def get_default_config() -> CN:
     """A fresh, unfrozen copy of the defaults."""
     return _C.clone()
+
+
+def _add_declared(key: keys.Key, after: str) -> None:
+    """Put a declared key into the defaults: after the key `after`, at its section's start when `after` is the
+    section itself, at its end for ''; a key that follows one not yet declared waits for it."""
+    if after and after != key.name.rsplit(".", 1)[0] and _lookup(after) is None:
+        _WAITING.setdefault(after, []).append(key)
+        return
+    *sections, leaf = key.name.split(".")
+    node = _C
+    for part in sections:
+        if part not in node:
+            node[part] = CN()
+        node = node[part]
+    if leaf in node:
+        raise ValueError(f"config key {key.name} is in runner/config/defaults.py already: declare it in one place")
+    items = list(node.items())
+    at = len(items) if not after else 0 if after == ".".join(sections) else \
+        next(i + 1 for i, (name, _) in enumerate(items) if name == after.rsplit(".", 1)[-1])
+    items.insert(at, (leaf, CN(key.default) if isinstance(key.default, dict) else key.default))
+    node.clear()
+    node.update(items)
+    for waiting in _WAITING.pop(key.name, []):
+        _add_declared(waiting, key.name)
+
+
+def _lookup(name: str) -> object:
+    """The default of a dotted key, or None."""
+    node = _C
+    for part in name.split("."):
+        if not isinstance(node, CN) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+_WAITING: dict[str, list[keys.Key]] = {}  # a key not yet declared -> the keys declared to follow it
+keys.on_declare(_add_declared)
+keys.load_built_in()

@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from runner.config.schema import (
     validate,
 )
 from runner.errors import UserError
+from runner.keys import DECLARED
 
 # ---------------------------------------------------------------------------------------------------------
 # Flatten, diff, dump
@@ -329,16 +331,27 @@ def suggest_key(key: str) -> str:
     return f"; did you mean {' or '.join(close[:3])}?" if close else ""
 
 
+def import_early(entries: list[Entry]) -> None:
+    """Import the IMPORTS that `entries` set (the last one wins) before they are merged: the keys those modules
+    declare (runner.keys) must be defaults by then. A value with ${...} waits for the merge, as before."""
+    last = next((e for e in reversed(entries) if e.key == "IMPORTS"), None)
+    if last is None or has_expression(last.value):
+        return
+    import_user_code(coerce_value("IMPORTS", last.value, (), last.raw, last.source), last.source)
+
+
 def config_from_yaml_text(text: str, name: str = "<stored config>") -> CN:
     """A frozen config from YAML text (e.g. a checkpoint's config), merged onto the defaults and validated."""
-    cfg = get_default_config()
     bases, entries = parse_yaml(text, name)
     if bases:
         raise UserError(f"{name}: _BASE_ is not allowed in a stored config")
+    # its own IMPORTS first, as when it was loaded: a model, source or schedule they register, and the keys they
+    # declare, are then known
+    import_early(entries)
+    cfg = get_default_config()
     provenance: dict[str, str] = {}
     apply_entries(cfg, entries, provenance)
     expand_paths(cfg)  # a config stored before "~" was expanded compares equal to today's
-    # its own IMPORTS first, as when it was loaded: a model, source or schedule they register is then known
     import_user_code(cfg.IMPORTS, provenance.get("IMPORTS", "default"))
     validate(cfg, provenance, check_files=False)
     cfg.freeze()
@@ -346,13 +359,14 @@ def config_from_yaml_text(text: str, name: str = "<stored config>") -> CN:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Key documentation (--help-keys): the comments of defaults.py are the documentation
+# Key documentation (--help-keys): the comments of defaults.py and those of the declared keys are the documentation
 # ---------------------------------------------------------------------------------------------------------
 _KEY_LINE = re.compile(r"^_C\.([A-Z0-9_.]+)\s*=")
+_WIDTH = 112  # a declared key's comment is wrapped as defaults.py's lines are
 
 
 def key_comments() -> dict[str, str]:
-    """Each leaf key of defaults.py and the comment lines right above it, read from the file itself."""
+    """Each leaf key and its comment: the lines right above it in defaults.py, or its declaration's (runner.keys)."""
     defaults_file = sys.modules[get_default_config.__module__].__file__  # defaults.py, already imported above
     leaves, comments, block = flatten(_C), {}, []
     for line in Path(defaults_file).read_text(encoding="utf-8").splitlines():
@@ -363,7 +377,17 @@ def key_comments() -> dict[str, str]:
             block.append(line.lstrip("# ").rstrip())
         else:  # code, a blank line or a section banner: the comment above the next key starts afresh
             block = []
-    return comments
+    comments.update({name: _wrapped(key.text()) for name, key in DECLARED.items() if name in leaves})
+    return {key: comments[key] for key in leaves if key in comments}
+
+
+def _wrapped(text: str) -> str:
+    """Comment text in lines of at most _WIDTH characters (an indented line keeps its indent)."""
+    out = []
+    for line in text.splitlines():
+        indent = line[:len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line, _WIDTH, subsequent_indent=indent + "  " if indent else "") or [""]
+    return "\n".join(out)
 
 
 def help_keys_text(prefix: str = "") -> str:

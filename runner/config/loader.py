@@ -26,6 +26,7 @@ from runner.config.io import (
     dump_config,
     flatten,
     help_keys_text,
+    import_early,
     parse_yaml,
     suggest_key,
 )
@@ -132,11 +133,14 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
         add_config_arguments(parser)
     parser.error = argument_error
     args, rest = parser.parse_known_args(argv)
+    info = ConfigInfo(args=args, files=[os.path.expanduser(p) for p in args.cfg], overrides=[])
+    files = [_file_entries(path, ()) for path in info.files]
+    # the user's modules first: the keys they declare (runner.keys) are then known to the overrides and files
+    import_early([e for entries in files for e in entries] + _command_line_imports(rest))
     options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
     pairs = _pair_overrides(rest, options)
     cfg = get_default_config()
-    info = ConfigInfo(args=args, files=[os.path.expanduser(p) for p in args.cfg], overrides=[])
-    _merge(cfg, info, pairs)
+    _merge(cfg, info, pairs, files)
     if not cfg.OUTPUT_DIR:
         cfg.OUTPUT_DIR = default_output_dir(info.files, info.overrides)
         info.provenance["OUTPUT_DIR"] = "derived from the --cfg file path and the overrides"
@@ -149,11 +153,18 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
     return cfg, info
 
 
-def _merge(cfg: CN, info: ConfigInfo, pairs: list[tuple[str, str]]) -> None:
-    """Files then overrides onto `cfg`, then every ${...} resolved (runner.config.interp); info records it all."""
+def _command_line_imports(tokens: list[str]) -> list[Entry]:
+    """An `IMPORTS VALUE` pair among the command line's tokens, as entries (before the tokens are paired)."""
+    return [Entry("IMPORTS", yaml_scalar(tokens[i + 1]), tokens[i + 1], COMMAND_LINE)
+            for i in range(len(tokens) - 1) if tokens[i] == "IMPORTS"]
+
+
+def _merge(cfg: CN, info: ConfigInfo, pairs: list[tuple[str, str]], files: list[list[Entry]]) -> None:
+    """Files (their entries, in order) then overrides onto `cfg`, then every ${...} resolved
+    (runner.config.interp); info records it all."""
     pending: dict[str, Entry] = {}
-    for path in info.files:
-        apply_entries(cfg, _file_entries(path, ()), info.provenance, info.history, pending)
+    for entries in files:
+        apply_entries(cfg, entries, info.provenance, info.history, pending)
     for key, token in pairs:
         apply_entries(cfg, [Entry(key, yaml_scalar(token), token, COMMAND_LINE)], info.provenance, info.history,
                       pending)

@@ -14,7 +14,7 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any
 
 import yaml
@@ -22,6 +22,7 @@ from yacs.config import CfgNode as CN
 
 from runner.config.defaults import _C
 from runner.errors import UserError
+from runner.keys import DECLARED, Rule
 from runner.optim import SCHEDULES
 
 
@@ -69,18 +70,41 @@ def inline_yaml(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # What each key accepts
 # ---------------------------------------------------------------------------------------------------------
-# Keys that only extend or observe a run: changing them keeps the output folder and allows resuming
-RESUME_SAFE_KEYS = frozenset(
+# Keys that only extend or observe a run: changing them keeps the output folder and allows resuming (and every LOG.*
+# and PROFILE.* key, and a declared key marked resume_safe: runner.keys)
+_RESUME_SAFE = frozenset(
     ["TRAIN.EPOCHS", "TRAIN.MAX_STEPS", "TRAIN.EXTEND", "CHECKPOINT.PERIOD", "CHECKPOINT.KEEP", "CHECKPOINT.RESUME",
      "CHECKPOINT.ASYNC",  # how checkpoints are written, not what they hold
      "EVAL.PERIOD", "DATA.NUM_WORKERS", "DATA.WORKER_START", "DATA.PIN_MEMORY", "DATA.PREFETCH_FACTOR", "DATA.CHECK",
      "DATA.TEST_SPLIT",  # evaluated after training only: adding one to a run changes nothing it learned
      "DIST.TIMEOUT_S", "DIST.HANG_TIMEOUT_S", "MODEL.COMPILE", "MODEL.COMPILE_MODE",
-     "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR",  # ACCUM_STEPS: the global batch is checked at resume
-     "DATA.SHARD_URL", "DATA.SHARD_RETRIES", "DATA.RETRY_S",  # where the same shards are read from, and how patiently
-     "DATA.DOWNLOAD"]  # how the same files arrive
-    + [f"LOG.{k}" for k in _C.LOG] + [f"PROFILE.{k}" for k in _C.PROFILE]
+     "TRAIN.ACCUM_STEPS", "TRAIN.TIME_LIMIT", "OUTPUT_DIR"]  # ACCUM_STEPS: the global batch is checked at resume
 )
+
+
+class ResumeSafeKeys(Set):
+    """The keys a resume may change, read when asked (a key declared by the user's module counts)."""
+
+    def __contains__(self, key: object) -> bool:
+        return (key in _RESUME_SAFE or (isinstance(key, str) and key.startswith(("LOG.", "PROFILE.")))
+                or (key in DECLARED and DECLARED[key].resume_safe))
+
+    def __iter__(self):
+        return iter([key for key in _leaf_keys(_C) if key in self])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _leaf_keys(node: CN, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of a section, in definition order."""
+    out = []
+    for key, value in node.items():
+        out += _leaf_keys(value, f"{prefix}{key}.") if isinstance(value, CN) else [f"{prefix}{key}"]
+    return out
+
+
+RESUME_SAFE_KEYS = ResumeSafeKeys()
 
 
 # timm optimizer names (timm.optim.list_optimizers() without the bnb*/fused* ones that need bitsandbytes or
@@ -150,20 +174,13 @@ _RULES = {
     "DATA.IMG_SIZE": _SIDE, "DATA.BATCH_SIZE": _GE1, "DATA.EVAL_BATCH_SIZE": _GE0,
     "DATA.NUM_WORKERS": (lambda x: -1 <= x <= MAX_WORKERS, f"in [0, {MAX_WORKERS}] (or -1 for auto)"),
     "DATA.PREFETCH_FACTOR": _GE1,
-    "DATA.VAL_FRACTION": (lambda x: 0 < x < 1, "in (0, 1)"), "DATA.SYNTHETIC_SIZE": _GE1,
+    "DATA.VAL_FRACTION": (lambda x: 0 < x < 1, "in (0, 1)"),
     "DATA.BAD_FILE_BUDGET": _PROB,
-    "DATA.SHARD_STREAMS": _GE1, "DATA.SHARD_WINDOW": _GE1, "DATA.SHARD_RETRIES": _GE1, "DATA.RETRY_S": _GE0,
     "AUG.HFLIP": _PROB, "AUG.COLOR_JITTER": _GE0, "AUG.REPROB": _PROB,
     "AUG.CROP_PCT": (lambda x: 0 < x <= 1, "in (0, 1]"), "AUG.MIXUP": _GE0, "AUG.CUTMIX": _GE0,
     "AUG.MIXUP_PROB": _PROB, "AUG.MIXUP_SWITCH_PROB": _PROB, "AUG.SHIFT": _GE0,
     "TRAIN.EPOCHS": _GE1, "TRAIN.LR": _GT0, "TRAIN.MOMENTUM": _RATE, "TRAIN.WEIGHT_DECAY": _GE0,
-    "TRAIN.WARMUP_EPOCHS": _GE0, "TRAIN.WARMUP_LR": _GE0, "TRAIN.MIN_LR": _GE0, "TRAIN.DECAY_EPOCHS": _GT0,
-    "TRAIN.DECAY_RATE": (lambda x: 0 < x <= 1, "in (0, 1]"), "TRAIN.ACCUM_STEPS": _GE1,
-    "TRAIN.DECAY_MILESTONES": (lambda x: len(x) > 0 and x[0] > 0 and list(x) == sorted(set(x)),
-                               "a non-empty list of increasing epochs > 0, e.g. [30, 60, 90]"),
-    "TRAIN.POLY_POWER": _GT0, "TRAIN.K_DECAY": _GT0, "TRAIN.CYCLE_LIMIT": _GE1, "TRAIN.CYCLE_MUL": _GT0,
-    "TRAIN.CYCLE_DECAY": (lambda x: 0 < x <= 1, "in (0, 1]"), "TRAIN.COOLDOWN_EPOCHS": _GE0,
-    "TRAIN.PLATEAU_PATIENCE": _GE0, "TRAIN.PLATEAU_COOLDOWN": _GE0,
+    "TRAIN.ACCUM_STEPS": _GE1,
     "TRAIN.CLIP_GRAD": _GE0, "TRAIN.LABEL_SMOOTHING": _RATE,
     "TRAIN.EMA_DECAY": (lambda x: 0 < x < 1, "in (0, 1)"), "TRAIN.LR_REF_BATCH": _GE0,
     "TRAIN.MAX_STEPS": _GE0, "TRAIN.BCE_TARGET_THRESH": _RATE,
@@ -182,6 +199,16 @@ _RULES = {
     "AMP.INIT_SCALE": (lambda x: 1 <= x <= 2.0**126, "in [1, 2**126]"),
     "PROFILE.WAIT": _GE0, "PROFILE.WARMUP": _GE0, "PROFILE.ACTIVE": _GE1, "PROFILE.ROW_LIMIT": _GE1,
 }
+
+
+def rules() -> dict[str, Rule]:
+    """Every numeric rule: _RULES and those of the declared keys (runner.keys), read when asked."""
+    return {**_RULES, **{name: key.check for name, key in DECLARED.items() if key.check is not None}}
+
+
+def enums() -> dict[str, Any]:
+    """Every key with a fixed set of values: ENUMS and the declared keys' choices."""
+    return {**ENUMS, **{name: key.choices for name, key in DECLARED.items() if key.choices is not None}}
 
 
 # Keys that may be "auto": the pretrained weights' own preprocessing (timm's pretrained_cfg) when MODEL.PRETRAINED,
@@ -260,7 +287,7 @@ def coerce_value(key: str, value: Any, default: Any, raw: str | None = None,
     if isinstance(out, float) and not math.isfinite(out):
         raise UserError(f"{key} must be a finite number, got {given!r} ({where})")
     if isinstance(out, int) and not isinstance(out, bool) and not -_INT_LIMIT <= out < _INT_LIMIT:
-        rule = _RULES.get(key)
+        rule = rules().get(key)
         if rule is not None and not rule[0](out):  # a key with its own range says that range, for every value
             raise UserError(f"{key} must be {rule[1]}, got {given} ({where})")
         raise UserError(f"{key} must be an integer in [-2**63, 2**63), got {given!r} ({where})")
@@ -344,7 +371,7 @@ def validate(cfg: CN, provenance: dict[str, str] | None = None, check_files: boo
     def fail(key: str, message: str, hint: str = "") -> None:
         raise UserError(f"{message} ({prov.get(key, 'default')}){hint}")
 
-    for key, allowed in ENUMS.items():
+    for key, allowed in enums().items():
         value = get_value(cfg, key)
         if value not in allowed:
             hint = difflib.get_close_matches(str(value).lower(), allowed, n=1, cutoff=0.5)
@@ -361,7 +388,7 @@ def validate(cfg: CN, provenance: dict[str, str] | None = None, check_files: boo
     if name in UNSUPPORTED_OPTIMIZERS:
         fail("TRAIN.OPTIMIZER", f"TRAIN.OPTIMIZER {opt} is not supported: {UNSUPPORTED_OPTIMIZERS[name]}; "
                                 "choose another, e.g. adamw")
-    for key, (ok, words) in _RULES.items():
+    for key, (ok, words) in rules().items():
         if not is_auto(key, get_value(cfg, key)) and not ok(get_value(cfg, key)):
             fail(key, f"{key} must be {words}, got {inline_yaml(get_value(cfg, key))}")
     if not cfg.MODEL.NAME:

@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from runner.errors import UserError
+from runner.keys import Key, at_least, declare
 
 Fail = Callable[[str, str], NoReturn]  # fail(key, message): the mistake in one line, with where `key` was set
 
@@ -43,6 +44,7 @@ class Source:
     # run's own imports (runner/data/workerstart.py), imports them once for all workers
     resizes: bool = True  # its training batches are square image tensors that DATA.IMG_SIZE_SCHEDULE may resize
     # (runner/data/resize.py, on the device: every built-in source); False refuses the key in one line
+    doc: str = ""  # what it reads, in a few words: DATA.NAME's --help-keys text lists it
 
     def _load(self) -> ModuleType:
         """The source's module, imported now."""
@@ -77,22 +79,118 @@ class Source:
 SOURCES: dict[str, Source] = {}
 
 
-def register(name: str, module: str, **attributes: Any) -> Source:
-    """Add a source under DATA.NAME `name` (`attributes`: Source's fields); the one line a new source needs."""
+def register(name: str, module: str, keys: tuple[Key, ...] = (), after: str = "", **attributes: Any) -> Source:
+    """Add a source under DATA.NAME `name` (`attributes`: Source's fields); the one line a new source needs.
+
+    `keys`: its own config keys (runner.keys.Key), placed after the key `after` ('' = at their section's end).
+    """
+    declare(keys, owner=f"source {name}", after=after)
     SOURCES[name] = Source(name, module, **attributes)
     return SOURCES[name]
 
 
+def name_comment() -> str:
+    """DATA.NAME's --help-keys text, from the table."""
+    return "\n".join(["Dataset, a name in runner/data/sources.py's table (whose source checks its own keys):"]
+                     + [f"  {name}: {src.doc}" if src.doc else f"  {name}" for name, src in SOURCES.items()])
+
+
+declare([Key("DATA.NAME", "digits", name_comment)], owner="sources", after="DATA")
+
+# The sources' own keys, declared with their sources below
+SYNTHETIC_KEYS = (
+    Key("DATA.SYNTHETIC_SIZE", 1024,
+        "Number of images in the synthetic dataset",
+        check=at_least(1)),
+)
+SHARD_KEYS = (  # DATA.HF_STREAMING reads SHARD_STREAMS and SHARD_WINDOW too
+    Key("DATA.SHARD_URL", '',
+        "DATA.NAME shards (webdataset tar shards, KEY.jpg + KEY.cls, as tools/make_shards.py writes "
+        "them): DATA.ROOT (a folder or an http(s) base URL) holds class_map.json and "
+        "{train,val}/index.json (shard names, sample counts). Where each shard is read from: a template "
+        "with {root}, {split}, {name}: a path, an http(s) URL or webdataset's pipe:COMMAND (e.g. "
+        '"pipe:aws s3 cp s3://bucket/{split}/{name} -"; a shell command from the config: a config file is '
+        'code to trust; each placeholder is quoted as one shell word, so do not quote it yourself); "" = '
+        "{root}/{split}/{name}", resume_safe=True),
+    Key("DATA.TRAIN_SHARDS", '',
+        'Train shards to use: a brace pattern of shard names ("train-{000000..000099}.tar", several '
+        'joined by ::); "" = every shard in the train index'),
+    Key("DATA.SHARD_STREAMS", 8,
+        "Streams the training order is cut into (like MosaicML's canonical nodes): the order depends on "
+        "SEED, the epoch, this and SHARD_WINDOW only, so a run resumes exactly on any number of processes "
+        "dividing it; each process reads the streams k = rank (mod processes), its loader workers a "
+        "disjoint share of those",
+        check=at_least(1)),
+    Key("DATA.SHARD_WINDOW", 1000,
+        "Shuffle window, in samples: each stream is shuffled within consecutive blocks of this many "
+        "samples. Memory per rank: about 2 x SHARD_WINDOW x SHARD_STREAMS / processes encoded images "
+        "(plus one step's samples)",
+        check=at_least(1)),
+    Key("DATA.SHARD_RETRIES", 3,
+        "Tries to fetch a shard (or the index) before the run stops with one line naming it", resume_safe=True,
+        check=at_least(1)),
+    Key("DATA.RETRY_S", 120.0,
+        "Seconds a data server may keep failing with a fault that passes (HTTP 5xx, a refused or reset "
+        "connection, a read that gets no byte for min(this, 60) s) before the run saves at its last "
+        "optimizer step and exits 75 (preempted: the same command continues it); retried with backoff "
+        "meanwhile; 0 = stop at the first such fault", resume_safe=True,
+        check=at_least(0)),
+)
+HF_KEYS = (
+    Key("DATA.TRAIN_SPLIT", '',
+        'DATA.NAME hf: the split to train on; "" = train'),
+    Key("DATA.VAL_SPLIT", '',
+        'DATA.NAME hf: the split to validate on; "" = the first of validation, val, valid, test the '
+        "dataset has (none: DATA.VAL_FRACTION of the train split is held out, the same rows for the same "
+        "SEED)"),
+    Key("DATA.IMAGE_COLUMN", '',
+        'DATA.NAME hf: the column holding the images; "" = the one column with an Image feature'),
+    Key("DATA.LABEL_COLUMN", '',
+        'DATA.NAME hf: the column holding the labels; "" = the one ClassLabel column (its names are the '
+        "class names), else a column called label or labels (integers: the class indices; strings: "
+        "classes sorted by name)"),
+    Key("DATA.HF_STREAMING", False,
+        "DATA.NAME hf: read the dataset's parquet files as streams, never downloaded or loaded whole "
+        "(sets beyond the disk): the order is DATA.NAME shards' (SHARD_STREAMS fixed streams over the "
+        "train split's files, shuffled within SHARD_WINDOW rows; a function of SEED and the epoch only), "
+        "each process reading streams k = rank (mod processes), each loader worker its share, the epoch's "
+        "length from the files' parquet footers. Needs parquet files (the Hub's layout), a val split "
+        "(none is held out of a stream) and labels that are class indices (ClassLabel or integers). Mid- "
+        "epoch and elastic resume are exact on any number of processes dividing SHARD_STREAMS and any "
+        "number of workers (a resume refuses a change of SHARD_STREAMS or SHARD_WINDOW), as long as the "
+        "split's files are unchanged: a file with fewer rows than at the start is one line, but files "
+        "added or removed, or rows rewritten, give another order or other images unnoticed; so a Hub "
+        "dataset given a new commit since the run began is no longer the same run: stream a copy you "
+        "control. Each epoch leaves out (rows mod SHARD_STREAMS) rows, as shards do"),
+)
+TORCHVISION_KEYS = (  # DATA.SET names an hf dataset's configuration too
+    Key("DATA.SET", '',
+        "DATA.NAME torchvision: the classic set to read from DATA.ROOT (torchvision.datasets, in its own "
+        "on-disk layout): cifar10 | cifar100 | mnist | fashion-mnist | kmnist | svhn | stl10 | flowers102 "
+        "(test: DATA.TEST_SPLIT test) | oxford-pets | food101 (val is each set's test split, flowers102's "
+        "val). Grayscale sets (mnist, fashion-mnist, kmnist) train with MODEL.IN_CHANS 1 (one DATA.MEAN "
+        "and DATA.STD value) or are converted to RGB for 3. DATA.NAME hf: the dataset's configuration "
+        '(subset) name; "" = its default'),
+    Key("DATA.DOWNLOAD", False,
+        "DATA.NAME torchvision: download the set into DATA.ROOT when its files are missing (rank 0 "
+        "downloads, then each other node's local rank 0 where DATA.ROOT is not shared; the other ranks "
+        "wait at a barrier, up to DIST.TIMEOUT_S); false = refuse missing files", resume_safe=True),
+)
+
 # The sources, one line each; the order is the order of the names in messages.
-register("digits", "runner.data.digits", in_process=True)
+register("digits", "runner.data.digits", in_process=True, doc="sklearn 8x8 digits, in memory")
 register("folder", "runner.data.folder.source", files="folder", run_class_map=True,
-         worker_modules=("runner.data.folder.dataset",))
-register("synthetic", "runner.data.synthetic", in_process=True)
-register("shards", "runner.data.shards.source", files="shards", worker_modules=("runner.data.shards.stream",))
+         worker_modules=("runner.data.folder.dataset",), doc="ImageFolder layout under DATA.ROOT")
+register("synthetic", "runner.data.synthetic", in_process=True, keys=SYNTHETIC_KEYS, after="DATA.VAL_FRACTION",
+         doc="random images of DATA.SYNTHETIC_SIZE, in memory")
+register("shards", "runner.data.shards.source", files="shards", worker_modules=("runner.data.shards.stream",),
+         keys=SHARD_KEYS, after="DATA.REPEATED_AUG", doc="webdataset tar shards under DATA.ROOT, streamed: see SHARD_*")
 register("hf", "runner.data.hf", files="hf", run_class_map=True,
-         worker_modules=("runner.data.folder.dataset", "runner.data.hf", "datasets"))
+         worker_modules=("runner.data.folder.dataset", "runner.data.hf", "datasets"), keys=HF_KEYS,
+         after="DATA.DOWNLOAD", doc="a Hugging Face dataset: DATA.ROOT is its Hub repo id or a local path")
 register("torchvision", "runner.data.tvsets", files="torchvision", run_class_map=True,
-         worker_modules=("runner.data.folder.dataset", "runner.data.tvsets", "torchvision.datasets"))
+         worker_modules=("runner.data.folder.dataset", "runner.data.tvsets", "torchvision.datasets"),
+         keys=TORCHVISION_KEYS, after="DATA.RETRY_S", doc="the classic set DATA.SET under DATA.ROOT")
 
 
 def names() -> list[str]:
