@@ -1,6 +1,7 @@
-"""The configuration: defaults.py (every key), schema.py (what each accepts), io.py (text in and out),
+"""The configuration: defaults.py (every key; a component's own keys are declared beside it, runner.keys),
+derived.py (what a value means at run time), schema.py (what each accepts), io.py (text in and out),
 imports.py (IMPORTS: the user's code), loader.py (argv, files, overrides, provenance). Imports run one way:
-defaults <- schema <- io <- loader, and imports <- loader."""
+defaults, derived <- schema <- io <- loader, and imports <- loader."""
 from runner.config.defaults import get_default_config
 from runner.config.io import (
     MISSING,

@@ -1,5 +1,9 @@
 """What each key accepts: its type (the default's), its choices and ranges, the cross-field rules; `validate`.
 
+A key declared by a component (runner.keys: a schedule's, a source's, a sink's knob) brings its own rule and
+choices; `rules()` and `enums()` add them to _RULES and ENUMS when asked. What a value means at run time
+(seconds of TRAIN.TIME_LIMIT, an epoch's image size, the best metric's direction) is derived.py's.
+
 Values (from files and from the command line alike) are read as YAML and then fitted to the default's type:
   float key: ints and numeric text too (YAML 1.1 reads `1e-3` as text); nan/inf refused
   int key:   whole floats (32.0); bools refused      bool key: YAML booleans only (true/True/yes/on/...)
@@ -21,6 +25,10 @@ import yaml
 from yacs.config import CfgNode as CN
 
 from runner.config.defaults import _C
+
+# run-time helpers live in derived.py; best_mode and train_img_size are re-exported for engine/best.py,
+# data/resize.py and sweep/summary.py, which import them from here
+from runner.config.derived import best_mode, parse_time_limit, train_img_size  # noqa: F401
 from runner.errors import UserError
 from runner.keys import DECLARED, Rule
 from runner.optim import SCHEDULES
@@ -495,23 +503,6 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def train_img_size(cfg: CN, epoch: int) -> int:
-    """The training image size of (0-based) `epoch`: DATA.IMG_SIZE_SCHEDULE's, DATA.IMG_SIZE without one.
-
-    Starts below 1 are fractions of TRAIN.EPOCHS (epoch floor(f x EPOCHS) on, so they follow an extended run),
-    whole starts are epochs; a pure function of the config and the epoch, so a resume, another number of
-    processes or a longer run find the same size for the epochs they share.
-    """
-    size = cfg.DATA.IMG_SIZE
-    pairs = list(cfg.DATA.IMG_SIZE_SCHEDULE)
-    fractions = bool(pairs) and max(p[0] for p in pairs) < 1
-    for start, side in pairs:
-        first = math.floor(start * cfg.TRAIN.EPOCHS + 1e-9) if fractions else int(start)
-        if epoch >= first:
-            size = int(side)
-    return size
-
-
 def _validate_distill(cfg: CN, fail: Callable[..., None], check_files: bool) -> None:
     """DISTILL.*: a teacher needs local weights; weights need a teacher."""
     k = cfg.DISTILL
@@ -531,13 +522,6 @@ EVAL_METRICS = ("val/top1", "val/top5", "val/loss")
 EMA_METRICS = ("val_ema/top1", "val_ema/top5")
 
 
-def best_mode(metric: str, mode: str) -> str:
-    """CHECKPOINT.BEST_MODE for `metric`: max or min; auto: min for a loss, max otherwise (as timm's train.py)."""
-    if mode != "auto":
-        return mode
-    return "min" if metric.rsplit("/", 1)[-1] == "loss" else "max"
-
-
 def _validate_best(cfg: CN, fail: Callable[..., None]) -> None:
     """CHECKPOINT.BEST_METRIC is a metric this run logs; early stopping's min delta needs its patience."""
     metric = cfg.CHECKPOINT.BEST_METRIC
@@ -553,24 +537,3 @@ def _validate_best(cfg: CN, fail: Callable[..., None]) -> None:
     if t.EARLY_STOP_MIN_DELTA > 0 and not t.EARLY_STOP_PATIENCE:
         fail("TRAIN.EARLY_STOP_MIN_DELTA", f"TRAIN.EARLY_STOP_MIN_DELTA ({t.EARLY_STOP_MIN_DELTA:g}) needs "
                                            "TRAIN.EARLY_STOP_PATIENCE > 0 (early stopping is off at 0)")
-
-
-def parse_time_limit(text: str) -> float | None:
-    """TRAIN.TIME_LIMIT in seconds (0.0 for "" or 0: none); None when it is not seconds or [D-][H:]MM:SS."""
-    text = str(text).strip()
-    if not text:
-        return 0.0
-    days = 0
-    if "-" in text and ":" in text:  # SLURM's D-HH:MM:SS
-        head, text = text.split("-", 1)
-        days = int(head) if head.isdigit() else -1
-    parts = text.split(":")
-    try:
-        nums = [float(p) for p in parts]
-    except ValueError:
-        return None
-    if days < 0 or len(nums) > 3 or any(n < 0 or n != n for n in nums) or (len(nums) > 1 and nums[-1] >= 60) \
-            or (len(nums) == 3 and nums[1] >= 60):  # H:MM:SS; a bare MM:SS may count 90 minutes, as SLURM's
-        return None
-    seconds = days * 86400 + sum(n * 60**i for i, n in enumerate(reversed(nums)))
-    return seconds

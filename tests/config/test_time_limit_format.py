@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.config.schema import parse_time_limit
+from runner.config.derived import parse_time_limit
 
 
 @pytest.mark.parametrize("text, seconds", [("", 0.0), ("0", 0.0), ("90", 90.0), ("1:30", 90.0), ("90:00", 5400.0),
