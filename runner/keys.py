@@ -61,9 +61,9 @@ def declare(keys: Iterable[Key], owner: str, after: str = "") -> list[Key]:
     place = after
     for key in keys:
         if key.name not in DECLARED:
-            DECLARED[key.name], OWNERS[key.name], PLACES[key.name] = key, owner, place
-            for listener in _LISTENERS:
+            for listener in _LISTENERS:  # first: a key the defaults refuse is not declared
                 listener(key, place)
+            DECLARED[key.name], OWNERS[key.name], PLACES[key.name] = key, owner, place
         place = key.name
     return keys
 

@@ -211,12 +211,17 @@ _RULES = {
 
 def rules() -> dict[str, Rule]:
     """Every numeric rule: _RULES and those of the declared keys (runner.keys), read when asked."""
-    return {**_RULES, **{name: key.check for name, key in DECLARED.items() if key.check is not None}}
+    return {**_RULES, **{name: key.check for name, key in _placed().items() if key.check is not None}}
 
 
 def enums() -> dict[str, Any]:
     """Every key with a fixed set of values: ENUMS and the declared keys' choices."""
-    return {**ENUMS, **{name: key.choices for name, key in DECLARED.items() if key.choices is not None}}
+    return {**ENUMS, **{name: key.choices for name, key in _placed().items() if key.choices is not None}}
+
+
+def _placed() -> dict[str, Any]:
+    """The declared keys that are in the defaults (one declared after a key never declared waits outside)."""
+    return {name: key for name, key in DECLARED.items() if lookup(name) is not ABSENT}
 
 
 # Keys that may be "auto": the pretrained weights' own preprocessing (timm's pretrained_cfg) when MODEL.PRETRAINED,

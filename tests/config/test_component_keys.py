@@ -122,3 +122,16 @@ def test_the_components_train_and_a_resume_refuses_a_knob_that_is_not_resume_saf
     assert_user_error(r, "keys that change the run", "TRAIN.HALVING_EVERY: 1.0 -> 3.0")
     r = run_tool("train.py", [*argv, "DATA.CUT_NOTE", "second look"])  # resume-safe: the finished run is done
     assert r.returncode == 0 and "done" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr
+
+
+def test_a_key_declared_twice_is_one_line(tmp_path):
+    """A knob named like a key of defaults.py or of another component: its module's import fails in one line."""
+    module = tmp_path / "clash.py"
+    module.write_text("from runner.keys import Key, declare\n"
+                      "declare([Key('DATA.SHARD_WINDOW', 10, 'mine')], owner='source mine')\n")
+    assert_user_error(run_tool("train.py", ["IMPORTS", f"[{module}]", "--print-config"], timeout=60),
+                      f"IMPORTS: importing {module} failed (command line)",
+                      "config key DATA.SHARD_WINDOW is declared by source shards already")
+    module.write_text("from runner.keys import Key, declare\ndeclare([Key('TRAIN.LR', 1.0, 'mine')], owner='mine')\n")
+    assert_user_error(run_tool("train.py", ["IMPORTS", f"[{module}]", "--print-config"], timeout=60),
+                      "config key TRAIN.LR is in runner/config/defaults.py already")
