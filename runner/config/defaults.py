@@ -28,7 +28,7 @@ _C.DEVICE = "auto"
 # The user's own code, imported by every tool's opening (on every rank) before the config is checked or anything
 # is built: module names (installed or on PYTHONPATH) or .py file paths ("~" expanded; relative to the current
 # folder), e.g. [my_models, ~/code/my_source.py]. What they register counts: timm models (@register_model), data
-# sources (runner.data.sources.register), sinks (runner.sinks.catalog.SINKS), LR schedules
+# sources (runner.data.sources.register), sinks (runner.sinks.catalog.register), LR schedules
 # (runner.optim.register_schedule). env.txt names each file with its sha256; a resume refuses another list and
 # warns when a file changed
 _C.IMPORTS = ()

@@ -16,7 +16,7 @@ Modules, imports running one way (each imports only those above it):
     build     build_data(cfg, dist): the source's loaders, and the warnings about keys it ignores
 
 A new data source: one module with `build(cfg, dist)` (and optionally `check`, `known_split`) and one
-`register(...)` line in sources.py (its docstring says how).
+`register(...)` line in sources.py (its docstring says how), which declares its own config keys too (`keys=`).
 Importing this package stays cheap and torch-free: build (torch) and image folders (torchvision, timm's
 transforms) load on first use.
 """

@@ -11,7 +11,9 @@ A source is one module and one line. The module (anywhere importable; torch only
                                                    refuses DATA.TEST_SPLIT in one line
 and the line is `register("name", "package.module", ...)` below (a plugin may call `register` itself). The line
 says what the rest of the runner asks of a source instead of branching on DATA.NAME (nothing outside
-runner/data/ does): see `Source`'s fields. Importing this table imports no torch; a source's module is
+runner/data/ does): see `Source`'s fields; its `keys=` are the source's own config keys (runner.keys.Key: default,
+comment, rule, resume_safe), added to the defaults after the key `after=`, and its `doc=` its line in DATA.NAME's
+--help-keys text. Importing this table imports no torch; a source's module is
 imported when it is checked or built.
 """
 from __future__ import annotations
