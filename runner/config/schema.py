@@ -156,7 +156,6 @@ ENUMS = {
     "DIST.BACKEND": ("auto", "nccl", "gloo"),
     "DIST.STRATEGY": ("ddp", "fsdp"),
     "LOG.PROGRESS": ("auto", "bar", "plain"),
-    "LOG.WANDB_MODE": ("online", "offline"),
     "TRAIN.LOSS": ("ce", "bce"),
     "CHECKPOINT.BEST_MODE": ("auto", "max", "min"),
 }

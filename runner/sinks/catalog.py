@@ -54,7 +54,7 @@ WANDB_KEYS = (
         "Extra W&B tags (a sweep's points are tagged with their swept KEY=VALUE as well)", resume_safe=True),
     Key("LOG.WANDB_MODE", 'online',
         "online (offline, with one line saying how to sync, when there is no API key or no network) | "
-        "offline", resume_safe=True),
+        "offline", choices=("online", "offline"), resume_safe=True),
 )
 MLFLOW_KEYS = (
     Key("LOG.MLFLOW_URI", '',
