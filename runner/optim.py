@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError
-from runner.keys import Key, above, at_least, declare, owned_by
+from runner.keys import DECLARED, Key, above, at_least, declare, owned_by
 
 if TYPE_CHECKING:
     import torch
@@ -400,12 +400,11 @@ def build_scheduler(cfg, optimizer: torch.optim.Optimizer, steps_per_epoch: int)
 
 
 def warn_ignored_keys(cfg) -> None:
-    """One warning naming the schedule keys set away from their defaults that TRAIN.SCHEDULER does not read."""
-    from runner.config.defaults import _C
-
+    """One warning naming the schedule keys set away from their defaults that TRAIN.SCHEDULER does not read (the
+    defaults are the declarations', so this module needs nothing of config/)."""
     reads = SCHEDULES[cfg.TRAIN.SCHEDULER].reads
     ignored = [f"TRAIN.{key} {cfg.TRAIN[key]}" for key in schedule_keys()
-               if reads is not None and key not in reads and cfg.TRAIN[key] != _C.TRAIN[key]]
+               if reads is not None and key not in reads and cfg.TRAIN[key] != DECLARED[f"TRAIN.{key}"].default]
     if ignored:
         log.warning("TRAIN.SCHEDULER %s ignores %s (python tools/train.py --help-keys TRAIN says which schedule "
                     "reads what)", cfg.TRAIN.SCHEDULER, ", ".join(ignored))
