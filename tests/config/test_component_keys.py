@@ -38,7 +38,7 @@ def build(cfg, dist):
 register_schedule("halving", halving, reads=(), doc="LR times HALVING_RATE every HALVING_EVERY epochs", keys=(
     Key("TRAIN.HALVING_EVERY", 1.0, "halving: epochs between two cuts of the LR", check=above(0)),
     Key("TRAIN.HALVING_RATE", 0.5, "halving: the factor of each cut", check=(lambda x: 0 < x < 1, "in (0, 1)"))))
-register("cut_digits", __name__, in_process=True, doc="the digits, a fraction of them", after="DATA.VAL_FRACTION", keys=(
+register("cut_digits", __name__, in_process=True, doc="a fraction of the digits", after="DATA.VAL_FRACTION", keys=(
     Key("DATA.CUT_FRACTION", 1.0, "cut_digits: the fraction of the digits kept",
         check=(lambda x: 0 < x <= 1, "in (0, 1]")),
     Key("DATA.CUT_ORDER", "kept", "cut_digits: kept | shuffled", choices=("kept", "shuffled")),
@@ -90,7 +90,7 @@ def test_help_keys_lists_the_knobs_and_the_tables_lists_the_names(tmp_path):
     assert "TRAIN.HALVING_EVERY = 1.0\n    halving: epochs between two cuts of the LR\n" in train
     assert "  halving: LR times HALVING_RATE every HALVING_EVERY epochs\n" in train  # TRAIN.SCHEDULER's list
     name = run_tool("train.py", ["--cfg", str(config), "--help-keys", "DATA.NAME"], timeout=60).stdout
-    assert "  cut_digits: the digits, a fraction of them\n" in name
+    assert "  cut_digits: a fraction of the digits\n" in name
     # without the module none of it exists: its knobs are unknown keys, with the usual one line
     assert_user_error(run_tool("train.py", ["DATA.CUT_FRACTION", "0.5"], timeout=60),
                       "unknown config key DATA.CUT_FRACTION on the command line")
