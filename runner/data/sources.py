@@ -105,8 +105,10 @@ SYNTHETIC_KEYS = (
         "Number of images in the synthetic dataset",
         check=at_least(1)),
 )
-SHARD_KEYS = (  # DATA.HF_STREAMING reads SHARD_STREAMS and SHARD_WINDOW too
-    Key("DATA.SHARD_URL", '',
+# DATA.HF_STREAMING reads SHARD_STREAMS and SHARD_WINDOW too. SHARD_URL, SHARD_RETRIES and RETRY_S are resume_safe:
+# they say where the same shards are read from, and how patiently
+SHARD_KEYS = (
+    Key("DATA.SHARD_URL", "",
         "DATA.NAME shards (webdataset tar shards, KEY.jpg + KEY.cls, as tools/make_shards.py writes "
         "them): DATA.ROOT (a folder or an http(s) base URL) holds class_map.json and "
         "{train,val}/index.json (shard names, sample counts). Where each shard is read from: a template "
@@ -114,7 +116,7 @@ SHARD_KEYS = (  # DATA.HF_STREAMING reads SHARD_STREAMS and SHARD_WINDOW too
         '"pipe:aws s3 cp s3://bucket/{split}/{name} -"; a shell command from the config: a config file is '
         'code to trust; each placeholder is quoted as one shell word, so do not quote it yourself); "" = '
         "{root}/{split}/{name}", resume_safe=True),
-    Key("DATA.TRAIN_SHARDS", '',
+    Key("DATA.TRAIN_SHARDS", "",
         'Train shards to use: a brace pattern of shard names ("train-{000000..000099}.tar", several '
         'joined by ::); "" = every shard in the train index'),
     Key("DATA.SHARD_STREAMS", 8,
@@ -139,15 +141,15 @@ SHARD_KEYS = (  # DATA.HF_STREAMING reads SHARD_STREAMS and SHARD_WINDOW too
         check=at_least(0)),
 )
 HF_KEYS = (
-    Key("DATA.TRAIN_SPLIT", '',
+    Key("DATA.TRAIN_SPLIT", "",
         'DATA.NAME hf: the split to train on; "" = train'),
-    Key("DATA.VAL_SPLIT", '',
+    Key("DATA.VAL_SPLIT", "",
         'DATA.NAME hf: the split to validate on; "" = the first of validation, val, valid, test the '
         "dataset has (none: DATA.VAL_FRACTION of the train split is held out, the same rows for the same "
         "SEED)"),
-    Key("DATA.IMAGE_COLUMN", '',
+    Key("DATA.IMAGE_COLUMN", "",
         'DATA.NAME hf: the column holding the images; "" = the one column with an Image feature'),
-    Key("DATA.LABEL_COLUMN", '',
+    Key("DATA.LABEL_COLUMN", "",
         'DATA.NAME hf: the column holding the labels; "" = the one ClassLabel column (its names are the '
         "class names), else a column called label or labels (integers: the class indices; strings: "
         "classes sorted by name)"),
@@ -165,8 +167,9 @@ HF_KEYS = (
         "dataset given a new commit since the run began is no longer the same run: stream a copy you "
         "control. Each epoch leaves out (rows mod SHARD_STREAMS) rows, as shards do"),
 )
-TORCHVISION_KEYS = (  # DATA.SET names an hf dataset's configuration too
-    Key("DATA.SET", '',
+# DATA.SET names an hf dataset's configuration too; DOWNLOAD is resume_safe: it says how the same files arrive
+TORCHVISION_KEYS = (
+    Key("DATA.SET", "",
         "DATA.NAME torchvision: the classic set to read from DATA.ROOT (torchvision.datasets, in its own "
         "on-disk layout): cifar10 | cifar100 | mnist | fashion-mnist | kmnist | svhn | stl10 | flowers102 "
         "(test: DATA.TEST_SPLIT test) | oxford-pets | food101 (val is each set's test split, flowers102's "

@@ -48,7 +48,7 @@ WANDB_KEYS = (
     Key("LOG.WANDB_PROJECT", 'runner',
         "W&B project; the run is named after OUTPUT_DIR and grouped by OUTPUT_DIR's parent folder (a "
         "sweep's folder)", resume_safe=True),
-    Key("LOG.WANDB_ENTITY", '',
+    Key("LOG.WANDB_ENTITY", "",
         'W&B entity (user or team); "" = the account\'s default', resume_safe=True),
     Key("LOG.WANDB_TAGS", (),
         "Extra W&B tags (a sweep's points are tagged with their swept KEY=VALUE as well)", resume_safe=True),
@@ -57,10 +57,10 @@ WANDB_KEYS = (
         "offline", choices=("online", "offline"), resume_safe=True),
 )
 MLFLOW_KEYS = (
-    Key("LOG.MLFLOW_URI", '',
+    Key("LOG.MLFLOW_URI", "",
         'MLflow tracking URI (pip install -e ".[mlflow]"): "" = off; file:/path or sqlite:///path.db need '
         "no server", resume_safe=True),
-    Key("LOG.MLFLOW_EXPERIMENT", '',
+    Key("LOG.MLFLOW_EXPERIMENT", "",
         'MLflow experiment; "" = the name of OUTPUT_DIR\'s parent folder (all points of a sweep in one '
         "experiment), or of OUTPUT_DIR itself when its parent is output/ (a single run)", resume_safe=True),
 )
