@@ -3,7 +3,7 @@
 Modules, imports running one way (each imports only those above it):
     step        TrainStep: micro-step, optimizer step, loss tracking on the device (no host sync)
     best        Best (the best evaluation by CHECKPOINT.BEST_METRIC), EarlyStopping (TRAIN.EARLY_STOP_*); no torch
-    hooks       Hook, StopRun; Profiler, MetricLogger (windows, sinks), Checkpointer
+    hooks       Hook, StopRun, RunState (what the hooks share); Profiler, MetricLogger (windows, sinks), Checkpointer
     evaluation  evaluate (top-1/top-5 over a split, the confusion matrix), Evaluator (epochs, EVAL.PERIOD_STEPS;
                 best, early stopping)
     splits      SplitResults: best.pth on val and DATA.TEST_SPLIT once at the end (per-class results, the

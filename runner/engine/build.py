@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from runner import distributed, fsdp, threads
 from runner.compat import import_torchvision
+from runner.config.schema import parse_time_limit
 from runner.data import build_data
 from runner.data.loaders import epoch_seed
 from runner.distill import distillation_loss
@@ -41,7 +42,7 @@ from runner.engine.signals import Pause, Preemption, Stamp, StopFlag, TimeLimit,
 from runner.engine.splits import SplitResults
 from runner.engine.status import RunStatus
 from runner.engine.step import CanonicalNormStats, TrainStep
-from runner.engine.watchdog import Watchdog, held, job_board, relay_failure
+from runner.engine.watchdog import Watchdog, job_board, relay_failure
 from runner.errors import UserError
 from runner.model import build_model, compiler, prepare_model
 from runner.optim import build_optimizer, build_scheduler
@@ -189,76 +190,75 @@ def build_loop(cfg, dist: Dist, t_start: float) -> Trainer:
 # ---- the run's hooks -----------------------------------------------------------------------------------------
 def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
               watchdog: Watchdog | None = None, pause_after_epoch: int = 0) -> list[Hook]:
-    """The fixed, ordered list of a run's side duties (see runner.engine.hooks for why this order).
-
-    The watchdog comes after the metric window (whose loss read waits for the device) and pauses until its
-    resumer, after the checkpointer; TRAIN.TIME_LIMIT's Stamp and TimeLimit time the duties in between.
-    """
-    out, main = Path(cfg.OUTPUT_DIR), dist.is_main
-    profiler = Profiler(lambda: build_profiler(cfg, out, dist.device, rank=dist.rank,
-                                               log=log.info if main else None))
-    world = dist.world_size
-    banner = (f"training {cfg.MODEL.NAME} on {dist.device} ({world} process{'es' if world > 1 else ''}): "
-              f"{cfg.TRAIN.EPOCHS} epochs x {trainer.steps_per_epoch} steps, batch {cfg.DATA.BATCH_SIZE} per process")
-    metrics = MetricLogger(cfg.LOG.PERIOD, dist, banner=banner, open_writer=lambda step: (
-        MetricWriter(str(out), cfg, step, main, trainer.total_steps, status.hparams, t_start=trainer.t_start)))
-    evaluator = build_evaluator(cfg, trainer, dist, metrics)
-    from runner.config import dump_config
-
-    stored = {"config": dump_config(cfg), "class_names": list(trainer.data.class_names)}
-    checkpointer = Checkpointer(out, cfg.CHECKPOINT.PERIOD, cfg.CHECKPOINT.KEEP, dist, stored, evaluator.take_best,
-                                metrics, control, unsaved_eval=lambda: evaluator.unsaved,
-                                background=cfg.CHECKPOINT.ASYNC)
-    flag = StopFlag(control)
-    evaluator.stop = flag  # a stop signal cuts an epoch end's evaluation: the save never waits for one
-    preemption = Preemption(flag, checkpointer, profiler, cfg.PROFILE.ONLY)
-    splits = build_split_results(cfg, trainer, dist, metrics, evaluator)
-    status.evaluator, status.metrics, status.splits = evaluator, metrics, splits
-    if watchdog is not None:
-        evaluator.progress = watchdog.progress  # a stalled evaluation (its loader, a collective) is a hang too
-        splits.progress = watchdog.progress
-        watchdog.compiled_eval = cfg.MODEL.COMPILE
-        checkpointer.hold = partial(held, watchdog)  # waiting for a write is part of a save
-    watch = [watchdog, watchdog.resumer] if watchdog is not None else [None, None]
-    stamp, limit = _time_limit(cfg, flag, dist, checkpointer.stop_cost)
-    pause = Pause(pause_after_epoch, checkpointer.wait) if pause_after_epoch else None  # last: after the status
-    # splits before the watchdog, whose after_train stops watching: a stuck test loader is still a hang
-    hooks = [profiler, metrics, splits, watch[0], stamp, evaluator, checkpointer, watch[1], limit, preemption, status,
-             pause]
+    """The fixed, ordered list of a run's side duties (runner.engine.hooks says why this order). They share the
+    trainer's run state (engine.hooks.RunState: results, the watchdog's clock, the pending write), so each place
+    in the list has one reason, given beside it."""
+    # the config's run-time values first (the model's compiler, the profiler's window, the time limit)
+    compile_fn = compiler(cfg) if cfg.MODEL.COMPILE else None
+    profiler = Profiler(partial(build_profiler, cfg, Path(cfg.OUTPUT_DIR), dist.device, rank=dist.rank,
+                                log=log.info if dist.is_main else None))
+    seconds = parse_time_limit(cfg.TRAIN.TIME_LIMIT)
+    flag = StopFlag(control)  # one stop request, agreed by every rank: asked by TimeLimit, honoured by Preemption
+    stamp = Stamp() if seconds else None
+    checkpointer = build_checkpointer(cfg, trainer, dist, control)
+    hooks = [
+        profiler,  # first: it marks the step's end, so the duties below belong to the next step's range
+        build_metric_logger(cfg, trainer, dist, status),  # the step's window, written before anything saves it
+        build_split_results(cfg, trainer, dist),  # the run's end: before the watchdog stops watching (a stuck
+        # test loader is a hang too), before RunStatus writes what it found
+        watchdog,  # after the metric window (its loss read waits for the device); paused from here to its resumer
+        stamp,  # TRAIN.TIME_LIMIT: the step's duties begin here (TimeLimit times them)
+        build_evaluator(cfg, trainer, dist, compile_fn),  # before the checkpointer: the save that follows holds it
+        checkpointer,  # after the evaluation it saves (best.pth), before the stops that wait for its write
+        watchdog.resumer if watchdog is not None else None,  # the duties are done: the watchdog's clock restarts
+        _time_limit(seconds, flag, stamp, dist),  # after the duties it times, before Preemption honours its stop
+        Preemption(flag, checkpointer, profiler, cfg.PROFILE.ONLY),  # a stop saves after the step's duties
+        status,  # run.json and results.json: after every duty that can end the run, with what they left
+        Pause(pause_after_epoch) if pause_after_epoch else None,  # last: the epoch is evaluated, saved, recorded
+    ]
     return [hook for hook in hooks if hook is not None]
 
 
-def build_evaluator(cfg, trainer: Trainer, dist: Dist, metrics: MetricLogger | None = None) -> Evaluator:
+def build_metric_logger(cfg, trainer: Trainer, dist: Dist, status: RunStatus) -> MetricLogger:
+    """LOG.PERIOD's windows into the sinks (opened at the loop's start), and the banner saying what trains."""
+    out, world = Path(cfg.OUTPUT_DIR), dist.world_size
+    banner = (f"training {cfg.MODEL.NAME} on {dist.device} ({world} process{'es' if world > 1 else ''}): "
+              f"{cfg.TRAIN.EPOCHS} epochs x {trainer.steps_per_epoch} steps, batch {cfg.DATA.BATCH_SIZE} per process")
+    return MetricLogger(cfg.LOG.PERIOD, dist, banner=banner, open_writer=lambda step: (
+        MetricWriter(str(out), cfg, step, dist.is_main, trainer.total_steps, status.hparams, t_start=trainer.t_start)))
+
+
+def build_checkpointer(cfg, trainer: Trainer, dist: Dist, control) -> Checkpointer:
+    """CHECKPOINT.PERIOD, KEEP and ASYNC; each checkpoint also holds the config's text and the class names."""
+    from runner.config import dump_config
+
+    stored = {"config": dump_config(cfg), "class_names": list(trainer.data.class_names)}
+    return Checkpointer(Path(cfg.OUTPUT_DIR), cfg.CHECKPOINT.PERIOD, cfg.CHECKPOINT.KEEP, dist, stored,
+                        group=control, background=cfg.CHECKPOINT.ASYNC)
+
+
+def build_evaluator(cfg, trainer: Trainer, dist: Dist, compile_fn: Callable | None = None) -> Evaluator:
     """The val split's evaluator: EVAL.PERIOD (epochs) and PERIOD_STEPS, the best by CHECKPOINT.BEST_METRIC and
-    BEST_MODE, early stopping by TRAIN.EARLY_STOP_*."""
+    BEST_MODE, early stopping by TRAIN.EARLY_STOP_*; `compile_fn`: MODEL.COMPILE's (model.compiler)."""
     metric, mode = cfg.CHECKPOINT.BEST_METRIC, cfg.CHECKPOINT.BEST_MODE
     early = EarlyStopping(metric, mode, cfg.TRAIN.EARLY_STOP_PATIENCE, cfg.TRAIN.EARLY_STOP_MIN_DELTA)
-    return Evaluator(trainer.data.val, cfg.EVAL.PERIOD, dist, metrics, trainer.stepper.autocast,
-                     compile_fn=compiler(cfg) if cfg.MODEL.COMPILE else None, period_steps=cfg.EVAL.PERIOD_STEPS,
-                     best=Best(metric, mode), early=early)
+    return Evaluator(trainer.data.val, cfg.EVAL.PERIOD, dist, trainer.stepper.autocast, compile_fn=compile_fn,
+                     period_steps=cfg.EVAL.PERIOD_STEPS, best=Best(metric, mode), early=early)
 
 
-def build_split_results(cfg, trainer: Trainer, dist: Dist, metrics: MetricLogger, evaluator: Evaluator
-                        ) -> SplitResults:
+def build_split_results(cfg, trainer: Trainer, dist: Dist) -> SplitResults:
     """best.pth on the val split and DATA.TEST_SPLIT at the run's end (per-class results, confusion matrices)."""
     data = trainer.data
     loaders = {"val": data.val, **({cfg.DATA.TEST_SPLIT: data.test} if data.test is not None else {})}
-    return SplitResults(Path(cfg.OUTPUT_DIR), dist, loaders, data.class_names, trainer.stepper.autocast, metrics,
-                        best_step=lambda: evaluator.best.step, kept=lambda: evaluator.best_eval)
+    return SplitResults(Path(cfg.OUTPUT_DIR), dist, loaders, data.class_names, trainer.stepper.autocast)
 
 
-def _time_limit(cfg, flag: StopFlag, dist: Dist, save_cost: Callable[[], float]
-                ) -> tuple[Stamp | None, TimeLimit | None]:
-    """TRAIN.TIME_LIMIT's hooks, counted from this process's start, or (None, None) without a limit;
-    `save_cost()`: what a stop's save may take beyond what the step's duties time (Checkpointer.stop_cost)."""
-    from runner.config.schema import parse_time_limit
-
-    seconds = parse_time_limit(cfg.TRAIN.TIME_LIMIT)
+def _time_limit(seconds: float | None, flag: StopFlag, stamp: Stamp | None, dist: Dist) -> TimeLimit | None:
+    """TRAIN.TIME_LIMIT's hook (`seconds`, timing from `stamp`), counted from this process's start; None without
+    a limit."""
     if not seconds:
-        return None, None
-    stamp = Stamp()
-    return stamp, TimeLimit(seconds, flag, stamp, started=process_started(), lag=1 if dist.distributed else 0,
-                            save_cost=save_cost)
+        return None
+    return TimeLimit(seconds, flag, stamp, started=process_started(), lag=1 if dist.distributed else 0)
 
 
 # ---- putting it together ---------------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float, p
     if attempt:
         log.info("OUTPUT_DIR %s holds %s of this same config but no checkpoint: starting over (metrics.jsonl "
                  "and TensorBoard restart at step 1; log.txt keeps the earlier lines above this one)", out, attempt)
-    watchdog = Watchdog(cfg.DIST.HANG_TIMEOUT_S, out, dist, job_board(dist), status)
+    watchdog = Watchdog(cfg.DIST.HANG_TIMEOUT_S, out, dist, job_board(dist), status, compiled_eval=cfg.MODEL.COMPILE)
     status.silent_ranks = watchdog.silent_ranks if dist.is_main and dist.distributed else None
     watchdog.start()  # set-up and the first batch are watched too (with a longer allowance)
     trainer = None

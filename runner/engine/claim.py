@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,12 +32,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("runner")
 
 
+@dataclass(eq=False)
 class AlreadyDone(Exception):
     """OUTPUT_DIR's finished run already covers this config: nothing trains, nothing is rewritten."""
 
-    def __init__(self, results: dict, why: str, main: bool):
-        super().__init__(why)
-        self.results, self.why, self.main = results, why, main
+    results: dict  # results.json's
+    why: str  # why it covers this config
+    main: bool  # this process says so (rank 0)
+
+    def __str__(self) -> str:
+        """Why the run is done."""
+        return self.why
 
 
 def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus):
@@ -45,6 +51,8 @@ def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus)
     Returns (a finished run's (results, why) or None, the checkpoint rank 0 will resume from or None, what an
     earlier attempt without a checkpoint left: '' or a few words). A refusal leaves the folder as it was.
     """
+    from runner.config import dump_config
+
     verdict: tuple = ("go", None)
     failure, found, attempt = None, None, ""
     if dist.is_main:
@@ -56,8 +64,10 @@ def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus)
             if done is None:
                 found = find_checkpoint(cfg, dist.world_size)  # a run-changing config is refused before any write
                 attempt = "" if found is not None else _earlier_attempt(Path(cfg.OUTPUT_DIR))
-                remove_stale_temps(Path(cfg.OUTPUT_DIR))
-                claim_with_config(cfg)
+                # the marker carries the config in the same atomic write: config.yaml comes seconds later (after
+                # the resume checks), and a run killed in between must still bind the folder to its config
+                write_status(cfg.OUTPUT_DIR, RUNNING, config=dump_config(cfg))
+                remove_stale_temps(Path(cfg.OUTPUT_DIR))  # not this process's own: only killed writes' are left
                 status.claimed = True
             verdict = ("go", None) if done is None else ("done", done)
         except UserError as e:
@@ -73,17 +83,6 @@ def claim_output_dir(cfg, dist: Dist, control, lock: RunLock, status: RunStatus)
     if kind == "failed":
         raise RuntimeError(f"rank 0 could not take OUTPUT_DIR {cfg.OUTPUT_DIR}: {payload}")
     return payload, found, attempt
-
-
-def claim_with_config(cfg) -> None:
-    """Mark OUTPUT_DIR as this run's with its config in the same atomic write of run.json.
-
-    config.yaml comes seconds later (after the resume checks): a run killed in between must still bind the
-    folder to its config, so another config is refused as it would be once config.yaml exists.
-    """
-    from runner.config import dump_config
-
-    write_status(cfg.OUTPUT_DIR, RUNNING, config=dump_config(cfg))
 
 
 def _earlier_attempt(out: Path) -> str:
@@ -199,13 +198,13 @@ def write_run_files(cfg, dist: Dist, class_names: list[str], pretrained: Pretrai
     extended = rules.keep_finished_result(cfg)  # after the resume checks: a refused extension renames nothing
     if extended:
         log.info("%s", extended)
-    atomic_write(out / CONFIG, dump_config(cfg))
     dev = dist.device
     # asking every GPU for free memory would create a CUDA context on each of them for the whole run
     env_text = format_env(collect_env(free_mem_devices=[dev.index or 0] if dev.type == "cuda" else []))
     env_text += _user_code(cfg, out / ENV)
     if pretrained is not None:
         env_text += pretrained.env_line() + "\n"
+    atomic_write(out / CONFIG, dump_config(cfg))
     atomic_write(out / ENV, env_text)
     for line in env_text.splitlines()[:4]:
         log.info("env: %s", line)

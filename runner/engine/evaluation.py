@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from runner import distributed
 from runner.distributed import Dist
 from runner.engine.best import Best, EarlyStopping
-from runner.engine.hooks import Hook, MetricLogger, epoch_of_last_step
+from runner.engine.hooks import Hook, RunState, epoch_of_last_step
 
 log = logging.getLogger("runner")
 
@@ -64,27 +64,26 @@ class Evaluator(Hook):
     """The val split at every EVAL.PERIOD-th epoch's end, every EVAL.PERIOD_STEPS steps and at the run's end (the
     model and its EMA); the best by CHECKPOINT.BEST_METRIC, and early stopping on it."""
 
-    def __init__(self, loader, period: int, dist: Dist, metrics: MetricLogger | None = None,
-                 autocast=nullcontext, compile_fn: Callable[[nn.Module], nn.Module] | None = None, *,
-                 period_steps: int = 0, best: Best | None = None, early: EarlyStopping | None = None):
+    def __init__(self, loader, period: int, dist: Dist, autocast=nullcontext,
+                 compile_fn: Callable[[nn.Module], nn.Module] | None = None, *, period_steps: int = 0,
+                 best: Best | None = None, early: EarlyStopping | None = None):
         """`compile_fn` wraps each evaluated module once (torch.compile under MODEL.COMPILE); `best` and `early`:
-        by val/top1 (max), and no early stopping, unless given."""
-        self.loader, self.period, self.dist, self.metrics, self.autocast = loader, period, dist, metrics, autocast
+        by val/top1 (max), and no early stopping, unless given. Its results go to the run state (share)."""
+        self.loader, self.period, self.dist, self.autocast = loader, period, dist, autocast
         self.period_steps = period_steps
         self.compile_fn = compile_fn
         self.compiled: dict[int, nn.Module] = {}
         self.best = best if best is not None else Best("val/top1", "max")
         self.early = early if early is not None else EarlyStopping(self.best.metric, self.best.mode, 0, 0.0)
-        self.last_val: dict[str, float] = {}
         self.evaluated_step = -1  # the step of the latest evaluation: never twice at one step
-        self.is_best = False  # set by an evaluation, taken by the checkpoint that follows it
-        self.unsaved = False  # an evaluation no checkpoint holds yet: the Checkpointer saves right after it
-        self.progress: Callable[..., None] | None = None  # told when a pass starts, after each batch, at its end
-        self.stop = None  # the run's StopFlag: a stop signal cuts an epoch end's evaluation (its `cutting`)
-        # the model's own (not the EMA's) full result, confusion matrix included, of the evaluation judged best in
-        # this process: the run's end reuses it for best.pth on val instead of evaluating the same weights again
-        self.best_eval: tuple[int, dict] | None = None
         self._latest: dict = {}
+        self.run = RunState()
+        self.share(self.run)  # its own until it joins a loop
+
+    def share(self, run: RunState) -> None:
+        """Offer the best and early stopping (the objects this hook judges with and saves); keep the run state,
+        where each evaluation's results go."""
+        run.best, run.early, self.run = self.best, self.early, run
 
     def after_step(self, trainer) -> None:
         """Every EVAL.PERIOD_STEPS optimizer steps of the run; one that ends an epoch (or the run) is left to
@@ -106,20 +105,20 @@ class Evaluator(Hook):
         """Evaluate the model (and its EMA) on the whole val split, log the result under `epoch` (default: the
         epochs done), judge it for best.pth and early stopping. `cut`: a stop signal during the passes drops them
         (EvaluationCut, before anything is logged or judged; the loop leaves the epoch's end owed)."""
-        epoch = trainer.epoch if epoch is None else epoch
-        with self.stop.cutting() if cut and self.stop is not None else nullcontext():
+        epoch, run = trainer.epoch if epoch is None else epoch, self.run
+        with run.cutting() if cut else nullcontext():
             scalars = self._measure(trainer.stepper)
-        self.last_val, self.evaluated_step, self.unsaved = scalars, trainer.step, True
+        run.last_eval, self.evaluated_step, run.eval_unsaved = scalars, trainer.step, True
         observe = getattr(trainer.stepper.scheduler, "observe", None)
         if observe is not None:  # an LR schedule that steps on evaluations (plateau); the step saves its state
             observe(scalars)
-        self.is_best = self.best.update(scalars, trainer.step, epoch)
-        if self.is_best:
-            self.best_eval = (trainer.step, self._latest)
-        if self.metrics is not None:
-            self.metrics.write(trainer.step, epoch, scalars)
+        run.eval_is_best = self.best.update(scalars, trainer.step, epoch)
+        if run.eval_is_best:
+            run.best_eval = (trainer.step, self._latest)
+        if run.metrics is not None:
+            run.metrics.write(trainer.step, epoch, scalars)
         log.info("eval epoch %d step %d: val/top1 %.2f val/top5 %.2f (%d images)%s", epoch, trainer.step,
-                 scalars["val/top1"], scalars["val/top5"], scalars["val/count"], " best" if self.is_best else "")
+                 scalars["val/top1"], scalars["val/top5"], scalars["val/count"], " best" if run.eval_is_best else "")
         if self.early.update(scalars[self.early.metric], trainer.step, epoch) and not trainer.at_end:
             log.info("early stop at step %d: %s", trainer.step, self.early.stop(trainer.step, epoch))
             trainer.end_early()
@@ -127,17 +126,18 @@ class Evaluator(Hook):
     def _measure(self, stepper) -> dict[str, float]:
         """The val scalars of the model and, with one, its EMA."""
         modules = [stepper.bare] + ([stepper.ema.module] if stepper.ema is not None else [])
-        if self.progress is not None:
-            self.progress()
+        progress = self.run.progress  # a stalled evaluation (its loader, a collective) is a hang too
+        if progress is not None:
+            progress()
         self._sync_buffers(modules)
-        res = evaluate(self._runnable(stepper.bare), self.loader, self.dist.device, self.autocast, self.progress,
+        res = evaluate(self._runnable(stepper.bare), self.loader, self.dist.device, self.autocast, progress,
                        num_classes=int(getattr(stepper.bare, "num_classes", 0) or 0))
         self._latest = res
         scalars = {"val/top1": res["top1"], "val/top5": res["top5"], "val/loss": res["loss"],
                    "val/count": res["count"]}
         if stepper.ema is not None:
             ema = evaluate(self._runnable(stepper.ema.module), self.loader, self.dist.device, self.autocast,
-                           self.progress)
+                           progress)
             scalars.update({"val_ema/top1": ema["top1"], "val_ema/top5": ema["top5"]})
         return scalars
 
@@ -161,23 +161,17 @@ class Evaluator(Hook):
             for buf in module.buffers():
                 torch.distributed.broadcast(buf, src=0)
 
-    def take_best(self) -> bool:
-        """True once after an evaluation that beat the best so far; called by every save (which then holds the
-        evaluation's result)."""
-        best, self.is_best, self.unsaved = self.is_best, False, False
-        return best
-
     def results(self) -> dict:
         """results.json's part: best/* (by BEST_METRIC) and early_stop (None unless it ended the run)."""
-        return {**self.best.results(), "early_stop": self.early.stopped}
+        return self.run.best_results()
 
     def state_dict(self) -> dict:
         """The best, the early stopping count and the latest evaluation."""
         return {"best": self.best.state_dict(), "early_stop": self.early.state_dict(),
-                "last_val": dict(self.last_val), "evaluated_step": self.evaluated_step}
+                "last_val": dict(self.run.last_eval), "evaluated_step": self.evaluated_step}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from the checkpoint's best, early stopping count and latest evaluation."""
         self.best.load_state_dict(state.get("best", {}))
         self.early.load_state_dict(state.get("early_stop", {}))
-        self.last_val, self.evaluated_step = state.get("last_val", {}), state.get("evaluated_step", -1)
+        self.run.last_eval, self.evaluated_step = state.get("last_val", {}), state.get("evaluated_step", -1)

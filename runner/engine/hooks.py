@@ -2,7 +2,8 @@
 
 The run's hooks are a fixed, ordered list (runner.engine.build.run_hooks), not a registry: Profiler,
 MetricLogger, Evaluator (runner.engine.evaluation), Checkpointer, Preemption (runner.engine.signals) and
-RunStatus (runner.engine.status).
+RunStatus (runner.engine.status). No hook holds another: what they share (results, the watchdog's clock, the
+pending checkpoint write) is the loop's RunState, `trainer.run_state`.
 The order is the order of the duties after a step: the profiler marks the step's end, the metric window is
 written, a periodic checkpoint is saved, then a stop is honoured. At an epoch's end a stop comes first
 (`stop_point`: it saves with the end owed, and the resumed run runs it); then the last window, the evaluation (a
@@ -14,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,14 +23,60 @@ import torch
 from runner import checkpoint as ckpt
 from runner import distributed
 from runner.distributed import Dist
+from runner.engine.best import Best, EarlyStopping
 from runner.profiler import NullProfiler, StepProfiler
 from runner.sinks import MetricWriter
 
 log = logging.getLogger("runner")
 
 
+def _nothing() -> None:
+    """No checkpoint is being written: nothing to wait for."""
+
+
+def _free() -> float:
+    """A stop's save costs nothing beyond what the step's duties time."""
+    return 0.0
+
+
+@dataclass
+class RunState:
+    """What the hooks share while a run goes (detectron2's `trainer.storage`): `trainer.run_state`, one per loop.
+
+    Each field has one writer, named in its comment; any hook reads it. A hook offers its part as it joins the
+    loop (Hook.share), so no hook holds another: each can be read, tested and added alone.
+    """
+
+    metrics: MetricLogger | None = None  # MetricLogger: where any hook writes scalars; the run's throughput
+    best: Best | None = None  # Evaluator: the best evaluation by CHECKPOINT.BEST_METRIC (saved in its part)
+    early: EarlyStopping | None = None  # Evaluator: early stopping on that metric (saved in its part)
+    last_eval: dict[str, float] = field(default_factory=dict)  # Evaluator: the latest evaluation's scalars
+    # Evaluator: (step, the model's own full result, confusion matrix included) of the evaluation judged best in
+    # this process; the run's end reuses it for best.pth on val instead of evaluating the same weights again
+    best_eval: tuple[int, dict] | None = None
+    eval_is_best: bool = False  # Evaluator sets, the next save takes: best.pth is then that checkpoint
+    eval_unsaved: bool = False  # Evaluator sets, every save clears: the Checkpointer saves right after it
+    split_results: dict = field(default_factory=dict)  # SplitResults, at the run's end: test/* and splits
+    progress: Callable[..., None] | None = None  # Watchdog: an evaluation pass's clock (a stalled batch hangs)
+    hold: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # Watchdog: paused meanwhile
+    cutting: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # Preemption: a stop
+    # signal cuts the evaluation run inside it (EvaluationCut): the save never waits for an evaluation
+    settle: Callable[[], None] = _nothing  # Checkpointer: returns once the checkpoint being written is on disk
+    save_cost: Callable[[], float] = _free  # Checkpointer: what a stop's save may take (TRAIN.TIME_LIMIT)
+
+    def best_results(self) -> dict:
+        """results.json's best/* (by BEST_METRIC) and early_stop (None unless it ended the run); the placeholders
+        of best/* without an evaluator."""
+        best = self.best if self.best is not None else Best("val/top1", "max")
+        return {**best.results(), "early_stop": self.early.stopped if self.early is not None else None}
+
+
 class Hook:
     """A side duty of the loop; every method does nothing unless overridden. `trainer` is the loop."""
+
+    def share(self, run: RunState) -> None:
+        """As the hook joins a loop (Trainer.hooks): put what it offers the others into the loop's run state, or
+        keep the state where the hook needs it outside the loop's events (its part of the checkpoint)."""
 
     def before_train(self, trainer) -> None:
         """Before the first step of this process (not called when a resumed run has no step left)."""
@@ -123,6 +171,10 @@ class MetricLogger(Hook):
         self.throughput = [0, 0.0]  # images and seconds over every logged window, across resumes
         self.window = (0.0, 0, 0, 0.0)  # perf_counter, step, images and data wait at the window's start
         self.saved: dict | None = None  # the window a checkpoint holds: captured for a save, or loaded
+
+    def share(self, run: RunState) -> None:
+        """The hooks that write scalars (evaluations, the run's end) write them here."""
+        run.metrics = self
 
     def before_train(self, trainer) -> None:
         """Say what trains, open the sinks, continue the checkpoint's window or start one."""
@@ -253,27 +305,30 @@ class Checkpointer(Hook):
 
     state_key = "checkpointer"  # its part (every rank's RNG state) is added by save
 
-    def __init__(self, out: Path, period: int, keep: int, dist: Dist, stored: dict | None = None,
-                 take_best: Callable[[], bool] | None = None, metrics: MetricLogger | None = None, group=None,
-                 unsaved_eval: Callable[[], bool] | None = None, background: bool = False):
-        """`stored`: entries saved as they are (the config's text, the class names); `take_best()`: True when
-        the evaluation since the last save was the best so far (the file is then best.pth too); `group`: the
-        run's CPU control group, over which rank 0 gathers every rank's RNG state; `unsaved_eval()`: True after an
-        evaluation within an epoch (EVAL.PERIOD_STEPS) that no checkpoint holds yet; `background`: write off the
-        training step (rank 0 writes; sharded, every rank writes its shards)."""
+    def __init__(self, out: Path, period: int, keep: int, dist: Dist, stored: dict | None = None, group=None,
+                 background: bool = False):
+        """`stored`: entries saved as they are (the config's text, the class names); `group`: the run's CPU control
+        group, over which rank 0 gathers every rank's RNG state; `background`: write off the training step (rank 0
+        writes; sharded, every rank writes its shards). What it reads of the other hooks is in the run state: the
+        evaluation since the last save (best.pth?), the metric window, the watchdog's pause."""
         self.out, self.period, self.keep, self.dist, self.group = Path(out), period, keep, dist, group
         self.stored = dict(stored or {})
-        self.take_best, self.metrics, self.unsaved_eval = take_best, metrics, unsaved_eval
         self.writer = ckpt.CheckpointWriter() if background else None  # the other ranks' write only shards
-        self.hold: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # the watchdog's pause
+        self.run = RunState()  # the loop's, once it joins one (share)
         self.copy_s = 0.0  # the longest host copy
+
+    def share(self, run: RunState) -> None:
+        """Offer the pending write (a stop or a pause waits for it) and its cost; keep the run state: waiting for
+        a write reads the watchdog's pause there."""
+        run.settle, run.save_cost = self.wait, self.stop_cost
+        self.run = run
 
     def after_step(self, trainer) -> None:
         """Every CHECKPOINT.PERIOD steps and right after an evaluation within an epoch (so that best.pth holds the
         evaluated weights and a resume neither repeats nor skips the evaluation), unless an epoch's end (saved
         anyway) comes with this step."""
         due = self.period and trainer.step % self.period == 0
-        due = due or (self.unsaved_eval is not None and self.unsaved_eval())
+        due = due or self.run.eval_unsaved
         if due and not trainer.at_end and not trainer.end_of_epoch:
             self.save(trainer)
 
@@ -287,15 +342,16 @@ class Checkpointer(Hook):
     def save(self, trainer) -> None:
         """Write the whole loop's state on rank 0, after making sure nothing non-finite gets in."""
         trainer.stepper.check_finite(trainer.epoch + 1)
-        best = self.take_best() if self.take_best is not None else False
+        run = self.run
+        best, run.eval_is_best, run.eval_unsaved = run.eval_is_best, False, False  # this save holds the evaluation
         rng = ckpt.capture_rng(self.dist, self.group)  # a collective: every rank's own, on rank 0
-        if self.metrics is not None:
-            self.metrics.capture(trainer, self.group)  # a collective too: every rank's metric window, on rank 0
+        if run.metrics is not None:
+            run.metrics.capture(trainer, self.group)  # a collective too: every rank's metric window, on rank 0
         shards, finish = self._shards(trainer)
         if self.dist.is_main:
             self.wait()  # one write in flight at most; one that failed ends the run here, with its own error
-            if self.metrics is not None:
-                self.metrics.flush()  # a kill after the save must not lose scalars of the steps it covers
+            if run.metrics is not None:
+                run.metrics.flush()  # a kill after the save must not lose scalars of the steps it covers
             state = {**self.stored, **trainer.state_dict()}
             state["hooks"][self.state_key] = {"rng": rng}
             if shards is not None:
@@ -342,7 +398,7 @@ class Checkpointer(Hook):
         paused meanwhile, as for a save); returns at once when nothing is being written."""
         if self.writer is None:
             return
-        with self.hold() if self.writer.pending else contextlib.nullcontext():
+        with self.run.hold() if self.writer.pending else contextlib.nullcontext():
             self.writer.wait()
 
     def stop_cost(self) -> float:

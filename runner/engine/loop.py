@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from runner import threads
-from runner.engine.hooks import EvaluationCut, Hook, StopRun
+from runner.engine.hooks import EvaluationCut, Hook, RunState, StopRun
 from runner.engine.step import TrainStep
 
 
@@ -24,7 +24,8 @@ class Trainer:
         processes), by which checkpoints count the position in samples (0: in this rank's batches only)."""
         self.stepper = stepper
         self.loader = loader
-        self.hooks = list(hooks)
+        self.run_state = RunState()  # what the hooks share: results, the watchdog's clock, the pending write
+        self.hooks = hooks
         self.steps_per_epoch = steps_per_epoch
         self.batches_per_epoch = steps_per_epoch * stepper.accum
         self.total_steps = total_steps
@@ -43,6 +44,18 @@ class Trainer:
         # and checkpoint, and the next one pays them before training on
         self.closed = True
         self.ended_early = False  # a hook ended the run before its length (early stopping): see end_early
+
+    @property
+    def hooks(self) -> list[Hook]:
+        """The side duties, in the order they run."""
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: Iterable[Hook]) -> None:
+        """Take `hooks` in their order; each offers its part of the run state as it joins (Hook.share)."""
+        self._hooks = list(hooks)
+        for hook in self._hooks:
+            hook.share(self.run_state)
 
     @property
     def step(self) -> int:

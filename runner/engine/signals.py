@@ -10,13 +10,13 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from runner import distributed, signalsafe
-from runner.engine.hooks import Checkpointer, EvaluationCut, Hook, Profiler, StopRun
+from runner.engine.hooks import Checkpointer, EvaluationCut, Hook, Profiler, RunState, StopRun
 from runner.errors import DataUnavailable, Preempted, UserError, one_line
 from runner.rundir import marker
 from runner.rundir.layout import CHECKPOINTS
@@ -162,6 +162,10 @@ class Preemption(Hook):
         self.flag, self.checkpointer = flag, checkpointer
         self.profiler, self.profile_only = profiler, profile_only
 
+    def share(self, run: RunState) -> None:
+        """A stop signal cuts an epoch end's evaluation (the Evaluator's passes run inside the flag's cutting)."""
+        run.cutting = self.flag.cutting
+
     def before_train(self, trainer) -> None:
         """Take over SIGTERM, SIGUSR1 and SIGINT."""
         self.flag.install()
@@ -237,9 +241,8 @@ class Pause(Hook):
     0); the same command with a later E, or without it, resumes it exactly. Not part of the config: a search
     trains a trial configured for its full length (its LR schedule spans the whole run) rung by rung."""
 
-    def __init__(self, epoch: int, settle: Callable[[], None] = lambda: None):
-        """`settle()`: returns once the epoch's checkpoint is on disk (Checkpointer.wait)."""
-        self.epoch, self.settle = epoch, settle
+    def __init__(self, epoch: int):
+        self.epoch = epoch
 
     def before_train(self, trainer) -> None:
         """Resumed at or past E already (the same rung asked again): nothing to train."""
@@ -252,8 +255,8 @@ class Pause(Hook):
             self._pause(trainer)
 
     def _pause(self, trainer) -> None:
-        """Stop with status paused, once the checkpoint is on disk."""
-        self.settle()
+        """Stop with status paused, once the checkpoint is on disk (the run state's pending write)."""
+        trainer.run_state.settle()
         raise StopRun(marker.PAUSED, f"paused after epoch {trainer.epoch} (--pause-after-epoch {self.epoch}): "
                                      "checkpoint saved; re-run with a later epoch, or without it, to go on")
 
@@ -284,13 +287,12 @@ class TimeLimit(Hook):
 
     SAVE_S, MARGIN_S = 3.0, 3.0  # a save not yet timed; the process's exit after the save
 
-    def __init__(self, seconds: float, flag: StopFlag, stamp: Stamp, *, started: float, lag: int,
-                 save_cost: Callable[[], float] = lambda: 0.0):
-        """`started`: the job's start (time.time()); `lag`: steps a stop takes to be agreed (1 under torchrun);
-        `save_cost()`: seconds a stop's save may take, when the duties do not time it (Checkpointer.stop_cost:
-        with background writes they time a host copy, while a stop waits for whole writes)."""
+    def __init__(self, seconds: float, flag: StopFlag, stamp: Stamp, *, started: float, lag: int):
+        """`started`: the job's start (time.time()); `lag`: steps a stop takes to be agreed (1 under torchrun).
+        A stop's save may take longer than the duties time (with background writes they time a host copy, while a
+        stop waits for whole writes): the run state's save_cost (Checkpointer.stop_cost) says how much."""
         self.seconds, self.deadline = seconds, started + seconds
-        self.flag, self.stamp, self.lag, self.save_cost = flag, stamp, lag, save_cost
+        self.flag, self.stamp, self.lag = flag, stamp, lag
         self.steps: deque[float] = deque(maxlen=50)
         self.duties = 0.0  # the longest step duties (a periodic checkpoint), or a stop's save (save_cost)
         self.epoch_end: float | None = None  # the longest epoch end
@@ -317,7 +319,7 @@ class TimeLimit(Hook):
         """Time the step and its duties; stop now if one more step would not leave time to save."""
         now = time.monotonic()
         self.steps.append(self.stamp.t - self.t_last)
-        self.duties = max(self.duties, now - self.stamp.t, self.save_cost())
+        self.duties = max(self.duties, now - self.stamp.t, trainer.run_state.save_cost())
         self.t_last = now
         if self.need(trainer) > self.deadline - time.time():
             if self.first:

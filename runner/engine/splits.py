@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch.nn as nn
 from runner import distributed
 from runner.distributed import Dist
 from runner.engine.evaluation import evaluate
-from runner.engine.hooks import Hook, MetricLogger
+from runner.engine.hooks import Hook, RunState
 from runner.fsutil import atomic_write
 from runner.model import load_weights
 from runner.rundir.layout import BEST, CHECKPOINTS, checkpoints, confusion_name
@@ -41,49 +40,42 @@ def split_entry(res: dict, names: list[str]) -> dict:
 class SplitResults(Hook):
     """After training, once (a resume that still owes the results does it then): best.pth on each split given."""
 
-    def __init__(self, out: Path, dist: Dist, loaders: dict, names: list[str], autocast=nullcontext,
-                 metrics: MetricLogger | None = None, best_step: Callable[[], int | None] = lambda: None,
-                 kept: Callable[[], tuple[int, dict] | None] = lambda: None):
-        """`loaders`: split name -> evaluation loader (val, and test with DATA.TEST_SPLIT); `best_step()`: the step
-        best.pth holds (results' best/step); `kept()`: (step, val result with its confusion matrix) of the model's
-        weights at that step, where this process evaluated them (the Evaluator's best_eval), else None."""
+    def __init__(self, out: Path, dist: Dist, loaders: dict, names: list[str], autocast=nullcontext):
+        """`loaders`: split name -> evaluation loader (val, and test with DATA.TEST_SPLIT). From the run state it
+        reads the step best.pth holds (the best's), the Evaluator's own result of those weights where this process
+        made it, the watchdog's clock and the metric sinks; it leaves its results there."""
         self.out, self.dist, self.loaders, self.names = Path(out), dist, dict(loaders), list(names)
-        self.autocast, self.metrics, self.best_step, self.kept = autocast, metrics, best_step, kept
-        self.progress: Callable[..., None] | None = None  # the hang watchdog's clock, as the Evaluator's
+        self.autocast = autocast
         self.found: dict = {}
 
     def after_train(self, trainer) -> None:
         """Evaluate best.pth (the final weights when there is none) on each split; rank 0 draws the matrices. The
         val result of best.pth's weights is taken from their evaluation during the run where this process made it
         (the same weights, already measured: 1.2 s of a 20 s digits run was this evaluation again)."""
-        kept = self._kept()
+        run = trainer.run_state
+        best_step = run.best.step if run.best is not None else None
+        kept = _kept(run, best_step)
         evaluated = [split for split in self.loaders if not (kept and split == "val")]
         model, weights = (self._weights(trainer.stepper.bare) if evaluated else
                           (trainer.stepper.bare, f"{CHECKPOINTS}/{BEST}"))
         names = class_names(self.names, _outputs(model))
-        found = {"weights": weights, "step": self.best_step() if weights != "last" else trainer.step,
-                 "classes": names}
+        found = {"weights": weights, "step": best_step if weights != "last" else trainer.step, "classes": names}
         for split in self.loaders:
-            res = kept if split not in evaluated else self._evaluate(model, self.loaders[split], len(names))
+            res = kept if split not in evaluated else self._evaluate(model, self.loaders[split], len(names),
+                                                                     run.progress)
             found[split] = split_entry(res, names)
             log.info("%s with %s: top1 %.2f top5 %.2f (%d images)%s", split, weights, res["top1"], res["top5"],
                      res["count"], f" (its evaluation at step {found['step']})" if split not in evaluated else "")
         self.found = found
+        run.split_results = self.results()
         if self.dist.is_main:
-            self._draw(found, trainer.step)
+            self._draw(found, trainer.step, run.metrics.writer if run.metrics is not None else None)
 
-    def _kept(self) -> dict | None:
-        """The run's own val result of best.pth's weights with its confusion matrix, or None (evaluate again)."""
-        kept = self.kept()
-        if kept is None or kept[0] != self.best_step() or "confusion" not in kept[1]:
-            return None
-        return kept[1]
-
-    def _evaluate(self, model: nn.Module, loader, classes: int) -> dict:
-        """One split's result with its confusion matrix."""
-        if self.progress is not None:  # a pass starts: the watchdog allows for its first batch
-            self.progress()
-        return evaluate(model, loader, self.dist.device, self.autocast, self.progress, num_classes=classes)
+    def _evaluate(self, model: nn.Module, loader, classes: int, progress) -> dict:
+        """One split's result with its confusion matrix; `progress`: the watchdog's clock, or None."""
+        if progress is not None:  # a pass starts: the watchdog allows for its first batch
+            progress()
+        return evaluate(model, loader, self.dist.device, self.autocast, progress, num_classes=classes)
 
     def _weights(self, bare: nn.Module) -> tuple[nn.Module, str]:
         """A copy of the model with best.pth's weights and "checkpoints/best.pth", or the model and "last"."""
@@ -96,9 +88,9 @@ class SplitResults(Hook):
         load_weights(model, str(best))
         return model, f"{best.parent.name}/{BEST}"
 
-    def _draw(self, found: dict, step: int) -> None:
-        """confusion_<split>.png in OUTPUT_DIR and an image per split in TensorBoard (rank 0)."""
-        writer = self.metrics.writer if self.metrics is not None else None
+    def _draw(self, found: dict, step: int, writer) -> None:
+        """confusion_<split>.png in OUTPUT_DIR and an image per split in TensorBoard (rank 0; `writer`: the metric
+        sinks, or None)."""
         for split in self.loaders:
             entry = found[split]
             if entry["confusion"] is None:
@@ -117,6 +109,14 @@ class SplitResults(Hook):
         flat = {f"{split}/{k}": self.found[split][k] for split in self.loaders if split != "val"
                 for k in ("top1", "top5", "count")}
         return {**flat, "splits": self.found}
+
+
+def _kept(run: RunState, best_step: int | None) -> dict | None:
+    """The run's own val result of best.pth's weights with its confusion matrix, or None (evaluate again)."""
+    kept = run.best_eval
+    if kept is None or kept[0] != best_step or "confusion" not in kept[1]:
+        return None
+    return kept[1]
 
 
 def _outputs(model: nn.Module) -> int:

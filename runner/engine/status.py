@@ -9,9 +9,7 @@ from pathlib import Path
 import torch
 
 from runner.distributed import Dist
-from runner.engine.best import Best
-from runner.engine.evaluation import Evaluator
-from runner.engine.hooks import Hook, MetricLogger, StopRun
+from runner.engine.hooks import Hook, StopRun
 from runner.errors import DataUnavailable, NonFiniteLoss, Preempted, UserError, one_line
 from runner.rundir import marker
 from runner.rundir.layout import KEPT_RESULTS_GLOB
@@ -25,15 +23,13 @@ class RunStatus(Hook):
     """run.json (rank 0, once the folder is this run's) and, when the run completes, results.json."""
 
     def __init__(self, out: Path, dist: Dist, t_start: float, *, epochs: int = 0, max_steps: int = 0,
-                 hparams: dict | None = None, evaluator: Evaluator | None = None,
-                 metrics: MetricLogger | None = None, pretrained: Pretrained | None = None):
+                 hparams: dict | None = None, pretrained: Pretrained | None = None):
         """`hparams`: the keys for TensorBoard's HParams tab (runner.sinks.run_hparams); `pretrained`: the weights
-        the model started from (results.json names their repo, revision and sha256)."""
+        the model started from (results.json names their repo, revision and sha256). The results come from the
+        run state: the evaluations, the throughput, each split's results."""
         self.out, self.dist, self.t_start = Path(out), dist, t_start
         self.pretrained = pretrained
         self.epochs, self.max_steps, self.hparams = epochs, max_steps, dict(hparams or {})
-        self.evaluator, self.metrics = evaluator, metrics
-        self.splits = None  # SplitResults: best.pth on each split (results' test/* and splits), set by run_hooks
         self.claimed = False  # True once rank 0 holds the lock and has marked the folder as this run's
         self.wall_before = 0.0  # wall time of the earlier processes of this run
         self.silent_ranks = None  # set by the watchdog: () -> the ranks whose heartbeat stopped
@@ -86,7 +82,8 @@ class RunStatus(Hook):
         results = self.results(trainer)
         if self.dist.is_main:
             metrics = {k: v for k, v in results.items() if k.startswith(("val", "best/val")) and v is not None}
-            writer = self.metrics.writer if self.metrics is not None else None
+            sinks = trainer.run_state.metrics
+            writer = sinks.writer if sinks is not None else None
             if writer is not None:
                 writer.hparams(self.hparams, metrics)
             marker.write_results(self.out, results)
@@ -99,17 +96,16 @@ class RunStatus(Hook):
 
     def results(self, trainer) -> dict:
         """What results.json holds: final and best val metrics, length, wall time, throughput, memory."""
-        last = self.evaluator.last_val if self.evaluator is not None else {}
-        best = self.evaluator.results() if self.evaluator is not None else {**Best("val/top1", "max").results(),
-                                                                           "early_stop": None}
-        imgs, secs = self.metrics.throughput if self.metrics is not None else (0, 0.0)
+        run = trainer.run_state
+        last = run.last_eval
+        imgs, secs = run.metrics.throughput if run.metrics is not None else (0, 0.0)
         results = {
             "status": marker.DONE,
             "val/top1": last.get("val/top1"), "val/top5": last.get("val/top5"),
             # best/*: every metric of the best evaluation by CHECKPOINT.BEST_METRIC (best/metric, best/mode), the one
             # best.pth holds: best/val/top5 is the top-5 of that evaluation, not the highest top-5; early_stop: why
             # and where the run stopped early (None: it ran its full length)
-            **best,
+            **run.best_results(),
             "epoch": trainer.epoch, "step": trainer.step, "epochs": self.epochs, "max_steps": self.max_steps,
             "wall_s": round(self.wall_s(), 3),
             "train/img_per_s": imgs / secs if secs else None,
@@ -123,8 +119,7 @@ class RunStatus(Hook):
                 results[k] = last[k]
         if self.pretrained is not None:
             results["pretrained"] = self.pretrained.record()
-        if self.splits is not None:  # test/top1, test/top5, test/count and each split's per-class results
-            results.update(self.splits.results())
+        results.update(run.split_results)  # test/top1, test/top5, test/count and each split's per-class results
         if self.dist.device.type == "cuda":
             results["mem_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
             results["mem_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20

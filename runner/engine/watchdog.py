@@ -21,11 +21,12 @@ import sys
 import threading
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 from runner import distributed
 from runner.distributed import Dist
-from runner.engine.hooks import Hook
+from runner.engine.hooks import Hook, RunState
 from runner.errors import EXIT_HUNG, EXIT_PREEMPTED, EXIT_USER, Hung, Preempted, UserError, describe
 from runner.rundir import marker
 from runner.rundir.layout import HANG
@@ -166,8 +167,9 @@ class Watchdog(Hook):
     """Ends a job whose optimizer steps stopped, and relays the failures of other ranks (see the module)."""
 
     def __init__(self, timeout: float, out: Path, dist: Dist, board: Board | None, status=None, *,
-                 tick: float = TICK, setup_allowance: float = SETUP_ALLOWANCE):
-        """`timeout`: seconds, -1 auto, 0 off (the thread then only relays failures); `status`: RunStatus."""
+                 tick: float = TICK, setup_allowance: float = SETUP_ALLOWANCE, compiled_eval: bool = False):
+        """`timeout`: seconds, -1 auto, 0 off (the thread then only relays failures); `status`: RunStatus;
+        `compiled_eval`: MODEL.COMPILE (the first evaluation batch compiles: the set-up allowance)."""
         self.timeout, self.out, self.dist, self.board, self.status = timeout, Path(out), dist, board, status
         self.tick, self.setup_allowance = tick, setup_allowance
         self.last = time.monotonic()  # the latest progress; written by the loop's thread only
@@ -176,10 +178,8 @@ class Watchdog(Hook):
         self.fresh = True  # the next gap follows set-up or an epoch's start: not a step time
         self.paused = False  # evaluation, checkpoints: not a hang however long, unless an evaluation batch stalls
         self.evaluating = False  # in an evaluation (paused): each batch must come within eval_limit()
-        self.evaluated = False  # an evaluation batch completed in this process
-        self.compiled_eval = False  # MODEL.COMPILE: the first evaluation batch compiles (the set-up allowance)
-        self.slowest = 0.0
-        self.dumped = False
+        self.evaluated, self.compiled_eval = False, compiled_eval  # an evaluation batch completed in this process
+        self.slowest, self.dumped = 0.0, False
         self.seen: dict[int, tuple[str | None, float]] = {}  # while paused: rank -> (heartbeat, when it last moved)
         self.ending = threading.Lock()  # one report, whichever thread finds the hang first
         self.stopped = threading.Event()
@@ -189,6 +189,10 @@ class Watchdog(Hook):
         self.agent = os.getppid() if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else None
 
     # ---- the loop's side: plain stores, no tensor read ---------------------------------------------------
+    def share(self, run: RunState) -> None:
+        """Offer the clock evaluation passes tick (a stalled batch hangs) and the pause of waits for a write."""
+        run.progress, run.hold = self.progress, partial(held, self)
+
     def after_step(self, trainer) -> None:
         """Progress; the hooks that follow (a checkpoint) are paused until the resumer runs."""
         now = time.monotonic()

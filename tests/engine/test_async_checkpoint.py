@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from runner import checkpoint
 from runner.distributed import Dist
-from runner.engine.hooks import Checkpointer, Hook
+from runner.engine.hooks import Checkpointer, Hook, RunState
 from runner.engine.signals import Pause, Preemption, Stamp, StopFlag, TimeLimit
 from runner.engine.watchdog import Watchdog, held
 from runner.errors import DataUnavailable, Preempted
@@ -157,7 +157,7 @@ def stopped(tmp_path: Path, how: str, broken: bool) -> list[tuple]:
     hooks = {"preempted": [ck, Preemption(flag, ck), probe],
              "preempted at the epoch end": [ck, AsksAtEpochEnd(flag), Preemption(flag, ck), probe],
              "profile only": [ck, Preemption(flag, ck, SimpleNamespace(done=True), profile_only=True), probe],
-             "paused": [ck, probe, Pause(1, ck.wait)]}[how]
+             "paused": [ck, probe, Pause(1)]}[how]
     if how == "preempted":
         flag.request("test")  # as a signal or TRAIN.TIME_LIMIT would
     if broken:
@@ -264,9 +264,9 @@ def test_the_time_limit_budgets_the_whole_write_a_stop_waits_for(tmp_path):
     toy([ck], epochs=1).train()
     cost = ck.stop_cost()
     assert cost == ck.copy_s + 2 * ck.writer.longest > 0
-    limit = TimeLimit(3600, StopFlag(None), Stamp(), started=time.time(), lag=0, save_cost=lambda: 100.0)
+    limit = TimeLimit(3600, StopFlag(None), Stamp(), started=time.time(), lag=0)
     trainer = SimpleNamespace(step=1, total_steps=1000, steps_per_epoch=100, batch_in_epoch=1,
-                              stepper=SimpleNamespace(accum=1))
+                              stepper=SimpleNamespace(accum=1), run_state=RunState(save_cost=lambda: 100.0))
     limit.after_step(trainer)
     assert limit.duties == 100.0 and limit.need(trainer) > 100.0  # the duties timed only the host copy
     assert limit.state_dict()["time_limit"]["duties"] == 100.0  # and the next job starts from it

@@ -38,9 +38,8 @@ class Scripted(Evaluator):
 class Saves(Checkpointer):
     """The real Checkpointer; also keeps each saved state in memory, by step."""
 
-    def __init__(self, out: Path, evaluator: Evaluator, period: int = 0):
-        super().__init__(out, period, 100, DIST, take_best=evaluator.take_best,
-                         unsaved_eval=lambda: evaluator.unsaved)
+    def __init__(self, out: Path, period: int = 0):
+        super().__init__(out, period, 100, DIST)  # the evaluation to save comes through the loop's run state
         self.states: dict[int, dict] = {}
 
     def save(self, trainer) -> None:
@@ -51,7 +50,7 @@ class Saves(Checkpointer):
 def run(tmp: Path, values: dict[int, float], epochs: int = 3, period: int = 0, **kw) -> tuple[Trainer, Scripted, Saves]:
     """A toy run of `epochs` x 6 steps with a scripted evaluator and the checkpointer, trained to its end."""
     evaluator = Scripted(values, **kw)
-    saver = Saves(tmp, evaluator, period)
+    saver = Saves(tmp, period)
     trainer = toy([evaluator, saver], epochs=epochs)
     trainer.train()
     return trainer, evaluator, saver
@@ -163,7 +162,7 @@ def test_resumed_from_any_checkpoint_stops_at_the_same_step(tmp_path, at):
     ref, ref_eval, _ = run(tmp_path / "ref", EARLY, period=1, period_steps=2, patience=2)
     _, _, saver = run(tmp_path / "first", EARLY, period=1, period_steps=2, patience=2)
     evaluator = Scripted(EARLY, period_steps=2, patience=2)
-    resumed = toy([evaluator, Saves(tmp_path / "again", evaluator)], epochs=3)
+    resumed = toy([evaluator, Saves(tmp_path / "again")], epochs=3)
     resumed.load_state_dict(saver.states[at])
     resumed.train()
     assert resumed.step == 8 and evaluator.seen == [s for s in ref_eval.seen if s > at]

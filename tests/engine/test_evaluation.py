@@ -53,6 +53,6 @@ def test_compiled_evaluation_matches_eager():
     evaluator.validate(trainer)
     (compiled,) = evaluator.compiled.values()  # one compile for both passes
     assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule) and compiled._orig_mod is model
-    assert abs(evaluator.last_val["val/top1"] - eager["top1"]) < 1e-9
-    assert abs(evaluator.last_val["val/loss"] - eager["loss"]) < 1e-4
+    assert abs(evaluator.run.last_eval["val/top1"] - eager["top1"]) < 1e-9
+    assert abs(evaluator.run.last_eval["val/loss"] - eager["loss"]) < 1e-4
     assert model.training  # evaluation leaves the train mode as it found it

@@ -54,7 +54,7 @@ def logged_run(out: Path, *, stop: int = 0, resume: dict | None = None, accum: i
     `stop` or resumed from `resume`; its logged rows."""
     rows = Rows()
     metrics = MetricLogger(4, CPU, open_writer=lambda step: rows)
-    hooks = [metrics, Checkpointer(out, 3, 2, CPU, metrics=metrics), *([StopAt(stop)] if stop else [])]
+    hooks = [metrics, Checkpointer(out, 3, 2, CPU), *([StopAt(stop)] if stop else [])]
     trainer = toy(hooks, accum=accum, batches=5 * accum)
     if resume is not None:
         trainer.load_state_dict(resume)
