@@ -48,15 +48,58 @@ SERVER_EXIT = "runner.data.serverexit"
 SERVER_ONLY = (SERVER_START, SERVER_EXIT)
 
 
-def start_server(preload: list[str]) -> None:
+def start_server(preload: list[str], warm: bool = False) -> None:
     """Start this process's fork server now, importing `preload` once in it (not per worker); a no-op when it
-    runs already (the preload of its first start stays)."""
+    runs already (the preload of its first start stays). `warm`: fork it from this process where that is safe
+    and saves the imports (see fork_ready), instead of starting a new interpreter."""
     import multiprocessing
     from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload([SERVER_START, *preload, SERVER_EXIT])
     with stop_signals_held():  # the server and every worker it forks inherit them held back
-        forkserver.ensure_running()
+        if warm and fork_ready(preload):
+            from runner.data.serverfork import forking_spawn
+
+            with forking_spawn():
+                forkserver.ensure_running()
+        else:
+            forkserver.ensure_running()
+
+
+# The process whose early start may fork its fork server from itself (allow_warm_start): a pid, so that a process
+# forked from it later (a loader worker, the server itself) does not inherit the permission.
+_warm_pid = 0
+
+
+def allow_warm_start() -> None:
+    """Let this process's early start (start_early) fork the loader workers' fork server from this process, which
+    has imported torch and the data source already: a search's warm segment (runner.sweep.warmserver) does, as
+    it begins. A cold run's server imports them beside the run's own imports instead."""
+    global _warm_pid
+    _warm_pid = os.getpid()
+
+
+def _take_warm() -> bool:
+    """Whether this process may fork its server warm now; the permission is used up (later starts, after the run
+    has started threads or touched CUDA, start a new interpreter)."""
+    global _warm_pid
+    warm, _warm_pid = _warm_pid == os.getpid(), 0
+    return warm
+
+
+def fork_ready(preload: list[str]) -> bool:
+    """Whether a fork of this process can be the fork server: some of `preload` imported already (else a fork
+    saves nothing; the server imports the rest), CUDA not initialised (a forked child cannot use it, and the
+    workers must not inherit it), and no other thread (a fork copies a lock another thread holds, never released
+    in the child)."""
+    import sys
+
+    if not any(name in sys.modules for name in preload):
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return False
+    return threading.active_count() == 1
 
 
 # How long the exit waits for the loader queues' feeder threads (each ends once its queue's last put is written)
@@ -99,11 +142,12 @@ def cpu_share() -> tuple[int, int]:
 
 def start_early(cfg: Any) -> bool:
     """Start the fork server for the run's loader workers, where the config will have some: DATA.WORKER_START
-    forkserver, a source with workers, DATA.NUM_WORKERS above 0 (or -1 with more than one CPU per local rank).
-    Returns whether it started."""
+    forkserver, a source with workers, DATA.NUM_WORKERS above 0 (or -1 with more than one CPU per local rank);
+    forked from this process where allow_warm_start let it. Returns whether it started."""
+    warm = _take_warm()
     src = source(cfg.DATA.NAME)
     workers = cfg.DATA.NUM_WORKERS > 0 or (cfg.DATA.NUM_WORKERS < 0 and cpu_share()[1] > 0)
     if cfg.DATA.WORKER_START != "forkserver" or src.in_process or not workers:
         return False
-    start_server(["torch", *src.worker_modules])
+    start_server(["torch", *src.worker_modules], warm=warm)
     return True

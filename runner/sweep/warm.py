@@ -9,7 +9,9 @@ its config trained straight. The server holds the stop signals back (a SIGTERM t
 scancel or a terminal, leaves it alive to report its segment's exit code); each segment lets them through first
 thing. The server dies with the worker (PR_SET_PDEATHSIG), and a segment with the server: it gets SIGTERM, saves
 and exits 75, as a segment started cold does when its worker dies. Under torchrun (--nproc above 1) segments start
-cold: torchrun starts its own ranks.
+cold: torchrun starts its own ranks. A segment's loader workers' fork server (DATA.NUM_WORKERS above 0) is a fork
+of the segment too, made at tools/train.py's early start (runner.data.workerstart.allow_warm_start,
+runner.data.serverfork), not a new interpreter that imports torch and the data source again.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import signal
 import sys
 import traceback
 
-from runner.data.workerstart import STOP_SIGNALS
+from runner.data.workerstart import STOP_SIGNALS, allow_warm_start
 from runner.startup import prepare
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -55,6 +55,7 @@ def _segment(argv: list[str], log: str, reply) -> None:
         os.close(null)
         os.close(out)
         die_with(server)
+        allow_warm_start()  # the run's loader fork server: a fork of this process, which has the imports
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # one sent meanwhile arrives now
         sys.argv = list(argv)
         runpy.run_path(argv[0], run_name="__main__")  # tools/train.py ends the process itself (run_script)

@@ -2,7 +2,9 @@
 behaves as a new `python SCRIPT ARGS` process: its exit code and the signal that killed it come back, its output is
 appended to its log, its stdin is not the server's requests, nothing it does is seen by the next segment, a stop
 signal reaches it, a SIGTERM to the server itself (a job's process group) leaves the server serving, a lost server
-reads as a kill (resumed, never a failure), and the server's imports make no CUDA call (a fork could not use it)."""
+reads as a kill (resumed, never a failure), and the server's imports make no CUDA call (a fork could not use it).
+A segment's loader workers' fork server is a fork of the segment (no new interpreter importing torch again), goes
+with it, and a warm run with loader workers paused and resumed equals a cold one trained straight."""
 from __future__ import annotations
 
 import json
@@ -14,8 +16,8 @@ import time
 
 import pytest
 
-from runner.sweep.warm import PRELOAD, WarmServer
-from tests.utils import ROOT, env, wait_until
+from runner.sweep.warm import PRELOAD, WarmServer, preload_for
+from tests.utils import ROOT, TRAIN, env, wait_until
 
 SCRIPT = """\
 import os, select, signal, sys, time
@@ -153,3 +155,115 @@ def test_a_stop_while_the_server_still_imports_reaches_the_segment(tmp_path):
     assert not (tmp_path / "out" / "trial_0" / "calls.txt").exists()  # it never trained
     job = open_study(load_search(str(path)), create=False).trials[0].user_attrs["job"]
     assert job["worker"] is None  # released: the next worker resumes it
+
+
+# A segment that starts its loader fork server warm (start_server's warm start, as start_early does in a warm
+# segment), has one worker from it report, then waits to be killed; argv[1]: where its report goes
+FORKED = """\
+import json, multiprocessing, os, sys, time
+from pathlib import Path
+
+
+def report(queue):
+    queue.put({"ppid": os.getppid(), "owner": multiprocessing.parent_process().pid,
+               "main": sys.modules["__main__"].__name__})
+
+
+if __name__ == "__main__":
+    from multiprocessing import forkserver
+    from runner.data.workerstart import start_server
+    start_server(["json"], warm=True)
+    ctx = multiprocessing.get_context("forkserver")
+    queue = ctx.Queue()
+    worker = ctx.Process(target=report, args=(queue,))
+    worker.start()
+    seen = queue.get(timeout=60)
+    worker.join()
+    seen.update(segment=os.getpid(), server=forkserver._forkserver._forkserver_pid)
+    Path(sys.argv[1] + ".tmp").write_text(json.dumps(seen))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    while True:
+        time.sleep(0.05)
+"""
+
+
+def test_a_segments_loader_fork_server_is_forked_from_it_and_goes_with_it(tmp_path, server):
+    """The server is a fork (its command line the warm server's, not `python -c ...forkserver`), its workers run
+    with the segment as their owner and find its script as a new server's workers do, and a SIGKILL of the
+    segment ends it (it holds no end of its own alive pipe)."""
+    (tmp_path / "forked.py").write_text(FORKED)
+    info = tmp_path / "info.json"
+    seg = server.segment([str(tmp_path / "forked.py"), str(info)], tmp_path / "seg.log")
+    wait_until(info.exists, server.proc, "the segment's report", 60)
+    got = json.loads(info.read_text())
+    assert _cmdline(got["server"]) == _cmdline(server.proc.pid), (tmp_path / "seg.log").read_text()
+    assert got["ppid"] == got["server"] and got["owner"] == got["segment"] == seg.pid
+    assert got["main"] == "__mp_main__"
+    os.kill(seg.pid, signal.SIGKILL)
+    assert seg.wait() == -signal.SIGKILL
+    _wait(lambda: not _alive(got["server"]), "the fork server gone with its segment")
+
+
+def _cmdline(pid: int) -> list[str]:
+    """The command line of process `pid`."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode().split("\0")
+
+
+# tools/train.py's early start for a folder run with 2 loader workers: the command line of the server it started
+EARLY = """\
+import json, sys
+from multiprocessing import forkserver
+from runner.config import load_config
+from runner.data.workerstart import start_early
+cfg, _ = load_config(["DATA.NAME", "folder", "DATA.NUM_WORKERS", "2"], check_paths=False)
+start_early(cfg)
+with open(f"/proc/{forkserver._forkserver._forkserver_pid}/cmdline", "rb") as f:
+    print(json.dumps(f.read().decode().split("\\0")), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_early_start_forks_in_a_warm_segment_and_nowhere_else(tmp_path):
+    """In a warm segment the run's early start forks the server; a process that imported torch itself (a tool,
+    a test calling main in-process) still starts a new interpreter: only the warm server's segments are known
+    to fork safely at that point."""
+    (tmp_path / "early.py").write_text(EARLY)
+    log = tmp_path / "seg.log"
+    warm = WarmServer(preload=["torch", "runner.config", "runner.data.workerstart"])
+    try:
+        assert warm.segment([str(tmp_path / "early.py")], log).wait() == 0, log.read_text()
+        assert json.loads(log.read_text().splitlines()[-1]) == _cmdline(warm.proc.pid)
+    finally:
+        warm.close()
+    out = subprocess.run([sys.executable, "-c", "import sys, torch; exec(open(sys.argv[1]).read())", str(tmp_path /
+                          "early.py")], cwd=ROOT, env=env(), text=True, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "from multiprocessing.forkserver import main" in " ".join(json.loads(out.stdout.splitlines()[-1]))
+
+
+@pytest.mark.slow
+def test_a_warm_folder_run_with_loader_workers_paused_and_resumed_equals_a_cold_straight_run(tmp_path, monkeypatch):
+    """Bit-identical: every step's loss, the evaluations, the final checkpoint (the workers' random crops, erasing
+    and RandAugment seeded as from a new server's workers), and nothing on the segments' stderr."""
+    from tests.data.fixtures import export_digits_jpegs
+    from tests.data.indexed_runs import RUN, one_thread
+    from tests.engine.test_resume import assert_same_run
+
+    data = export_digits_jpegs(tmp_path / "digits", size=16, per_class=20)
+    args = [*RUN, "DATA.NAME", "folder", "DATA.ROOT", str(data), "TRAIN.EPOCHS", "2"]
+    cold = subprocess.run([sys.executable, TRAIN, *args, "OUTPUT_DIR", str(tmp_path / "cold")], cwd=ROOT,
+                          env=one_thread(env()), capture_output=True, text=True, timeout=300)
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    for key, value in one_thread({}).items():  # the warm server's segments compute with the cold run's threads
+        monkeypatch.setenv(key, value)
+    warm, log = WarmServer(preload_for("folder")), tmp_path / "warm.log"
+    try:
+        run = [TRAIN, *args, "OUTPUT_DIR", str(tmp_path / "warm")]
+        assert warm.segment([*run, "--pause-after-epoch", "1"], log).wait() == 0, log.read_text()[-3000:]
+        assert warm.segment(run, log).wait() == 0, log.read_text()[-3000:]
+    finally:
+        warm.close()
+    text = log.read_text()
+    assert "paused" in text and "resumed from" in text and "Traceback" not in text and "Warning" not in text
+    assert_same_run(tmp_path / "warm", tmp_path / "cold")
