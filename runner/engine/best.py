@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from runner.config.schema import best_mode as resolve_mode  # torch-free: the summary uses it too
+from runner.config.derived import best_mode as resolve_mode  # torch-free: the summary uses it too
 
 
 def beats(value: float, ref: float | None, mode: str, delta: float = 0.0) -> bool:

@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from runner import distributed, fsdp, threads
 from runner.compat import import_torchvision
-from runner.config.schema import parse_time_limit
+from runner.config.derived import parse_time_limit
 from runner.data import build_data
 from runner.data.loaders import epoch_seed
 from runner.distill import distillation_loss
@@ -193,11 +193,11 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
     """The fixed, ordered list of a run's side duties (runner.engine.hooks says why this order). They share the
     trainer's run state (engine.hooks.RunState: results, the watchdog's clock, the pending write), so each place
     in the list has one reason, given beside it."""
-    # the config's run-time values first (the model's compiler, the profiler's window, the time limit)
+    # the config's run-time values first (evaluation's compiler, the time limit), then the hooks
     compile_fn = compiler(cfg) if cfg.MODEL.COMPILE else None
+    seconds = parse_time_limit(cfg.TRAIN.TIME_LIMIT)
     profiler = Profiler(partial(build_profiler, cfg, Path(cfg.OUTPUT_DIR), dist.device, rank=dist.rank,
                                 log=log.info if dist.is_main else None))
-    seconds = parse_time_limit(cfg.TRAIN.TIME_LIMIT)
     flag = StopFlag(control)  # one stop request, agreed by every rank: asked by TimeLimit, honoured by Preemption
     stamp = Stamp() if seconds else None
     checkpointer = build_checkpointer(cfg, trainer, dist, control)
