@@ -4,7 +4,7 @@ search with ASHA's compute, and the cost of a pause and a resume. A benchmark, n
 
     python benchmarks/search.py [--trials 27] [--epochs 9] [--eta 3] [--seed 0] [--repeats 5] [--out DIR]
                                 [--sampler random|tpe] [--scheduler asha|hyperband] [--cold]
-                                [--asha-only | --overhead-only]
+                                [--asha-only | --overhead-only [--first-step-only]] [--loader-workers N]
                                 [--cfg configs/digits/test_resnet.yaml] [KEY VALUE ...]
 
 1. ASHA: a sweep file (written to OUT/search.yaml) over TRAIN.LR log [1e-5, 1] and TRAIN.WEIGHT_DECAY log [1e-6, 0.1]
@@ -26,10 +26,14 @@ search with ASHA's compute, and the cost of a pause and a resume. A benchmark, n
    the pause's exit). Whole processes, timed from launch to exit. Then the same pairs forked from one warm server
    (runner/sweep/warm.py), as a worker starts its segments, and the time from asking for a promotion (epoch
    first to the next rung, resumed from the checkpoint) to its first step's row in metrics.jsonl (LOG.PERIOD 1),
-   warm against a new process.
+   warm against a new process. --loader-workers N: every run reads the digits as an image folder (DATA.NAME
+   folder, written once to OUT/digits at DATA.IMG_SIZE) through N loader workers (DATA.NUM_WORKERS N), so each
+   segment starts its loader workers' fork server too (the warm server then preloads the folder source, as a
+   worker's does).
 
 The worker forks its segments from its warm server; --cold: each a new process (the earlier way), for a
-before/after; --asha-only: step 1 alone; --overhead-only: step 4 alone. Goal (issue 47): the wall-time saving
+before/after; --asha-only: step 1 alone; --overhead-only: step 4 alone (--first-step-only: its
+time to the first step alone). Goal (issue 47): the wall-time saving
 at least 0.8 of the epoch saving.
 Everything runs one process after another (one worker): on a shared machine set OMP_NUM_THREADS=1 to keep other
 people's load from making the threads wait on each other (docs/PERFORMANCE.md, "CPU threads on a loaded machine").
@@ -71,6 +75,19 @@ def sweep_file(out: Path, args: argparse.Namespace) -> Path:
     path = out / "search.yaml"
     path.write_text(json.dumps(body, indent=1) + "\n")  # JSON is YAML
     return path
+
+
+def folder_overrides(workers: int, out: Path) -> list[str]:
+    """KEY VALUE pairs that read the digits as an image folder (OUT/digits, written once) through `workers`
+    loader workers; none for 0."""
+    if not workers:
+        return []
+    from runner.data.memory import export_digits_jpegs
+
+    data = out / "digits"
+    if not (data / "val").is_dir():
+        export_digits_jpegs(data, size=SET["DATA.IMG_SIZE"])
+    return ["DATA.NAME", "folder", "DATA.ROOT", str(data), "DATA.NUM_WORKERS", str(workers)]
 
 
 def timed(cmd: list[str], log: Path | None = None) -> float:
@@ -168,21 +185,23 @@ def overhead(search, args: argparse.Namespace, out: Path) -> dict:
 
 def warm_overhead(search, args: argparse.Namespace, out: Path) -> dict:
     """Per promotion with warm segments (forked from one warm server, as a worker does), and the time from a
-    promotion's request to its first step (its first metrics.jsonl row at LOG.PERIOD 1), warm and cold."""
-    from runner.sweep.warm import WarmServer
+    promotion's request to its first step (its first metrics.jsonl row at LOG.PERIOD 1), warm and cold
+    (--first-step-only: that time alone)."""
+    from runner.sweep.warm import WarmServer, preload_for
 
     first, to = search.rungs[0], search.rungs[min(1, len(search.rungs) - 1)]
     params = {"TRAIN.LR": args.overhead_lr, "TRAIN.WEIGHT_DECAY": args.overhead_wd}
-    server, log = WarmServer(), out / "overhead_warm.log"
+    server, log = WarmServer(preload_for("folder" if args.loader_workers else None)), out / "overhead_warm.log"
     server.start()
     (out / "noop.py").write_text("")
     server.segment([str(out / "noop.py")], log).wait()  # the server's imports done before anything is timed
     straight, split, warm_first, cold_first = [], [], [], []
     try:
         for i in range(args.repeats):
-            pair = _pair(lambda cmd: _segment_s(server, cmd, log), search, params, out / "warm", i, first, to)
-            straight.append(pair[0])
-            split.append(pair[1])
+            if not args.first_step_only:
+                pair = _pair(lambda cmd: _segment_s(server, cmd, log), search, params, out / "warm", i, first, to)
+                straight.append(pair[0])
+                split.append(pair[1])
             for runs, via in ((warm_first, server), (cold_first, None)):
                 run = out / ("warm" if via else "cold") / f"first_{i}"
                 cmd = [*train_cmd(search, params, run), "LOG.PERIOD", "1"]
@@ -190,11 +209,11 @@ def warm_overhead(search, args: argparse.Namespace, out: Path) -> dict:
                 runs.append(_first_step_s(via, [*cmd, "--pause-after-epoch", str(to)], run, log))
     finally:
         server.close()
-    return {"warm_straight_s": straight, "warm_paused_resumed_s": split,
-            "warm_per_promotion_s": statistics.median(split) - statistics.median(straight),
-            "promotion_to_first_step_warm_s": warm_first, "promotion_to_first_step_cold_s": cold_first,
-            "promotion_to_first_step_warm_median_s": statistics.median(warm_first),
-            "promotion_to_first_step_cold_median_s": statistics.median(cold_first)}
+    pairs = {"warm_straight_s": straight, "warm_paused_resumed_s": split,
+             "warm_per_promotion_s": statistics.median(split) - statistics.median(straight)} if straight else {}
+    return pairs | {"promotion_to_first_step_warm_s": warm_first, "promotion_to_first_step_cold_s": cold_first,
+                    "promotion_to_first_step_warm_median_s": statistics.median(warm_first),
+                    "promotion_to_first_step_cold_median_s": statistics.median(cold_first)}
 
 
 def _pair(run, search, params: dict, folder: Path, i: int, first: int, to: int) -> tuple[float, float]:
@@ -290,19 +309,25 @@ def main() -> None:
     p.add_argument("--cold", action="store_true", help="the worker starts each segment as a new process")
     p.add_argument("--asha-only", action="store_true", help="the search alone: no full training, no overhead")
     p.add_argument("--overhead-only", action="store_true", help="step 4 alone (cold and warm)")
+    p.add_argument("--first-step-only", action="store_true",
+                   help="with --overhead-only: a promotion's request to its first step alone, warm and cold")
+    p.add_argument("--loader-workers", type=int, default=0, metavar="N",
+                   help="the digits as an image folder read by N loader workers (default 0: in memory)")
     p.add_argument("--out", default=None, help="work folder (default: a new one under /tmp, kept)")
     p.add_argument("overrides", nargs="*", help="KEY VALUE pairs for every run")
     args = p.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-search-")).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    args.overrides = [*folder_overrides(args.loader_workers, out), *args.overrides]
     before = load()
     if args.overhead_only:
         from runner.sweep.search import load_search
 
         search = load_search(str(sweep_file(out, args)), args.overrides)
-        cost = overhead(search, args, out) | warm_overhead(search, args, out)
+        cost = ({} if args.first_step_only else overhead(search, args, out)) | warm_overhead(search, args, out)
         print(json.dumps({"benchmark": "search overhead", "cpu": cpu_model(), "load_before": before,
-                          "load_after": load(), "out": str(out), "overhead": cost}), flush=True)
+                          "load_after": load(), "loader_workers": args.loader_workers, "out": str(out),
+                          "overhead": cost}), flush=True)
         return
     asha_run = run_asha(sweep_file(out, args), args.overrides, out, args.cold)
     print(f"asha: {asha_run['epochs']} epochs, best {asha_run['best']:.2f}, {asha_run['wall_s']:.1f} s",
