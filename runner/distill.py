@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from runner.model import create_sized, load_weights
+from runner.model import create_sized
+from runner.weights.files import load_weights
 
 log = logging.getLogger("runner")
 

@@ -17,7 +17,8 @@ from runner.config import load_config
 from runner.data import build_data
 from runner.distributed import Dist
 from runner.errors import UserError
-from runner.model import build_model, load_weights, probe_input
+from runner.model import build_model, probe_input
+from runner.weights.files import load_weights
 from tests.utils import TINY, assert_user_error, run_tool
 
 CPU = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def load_model(cfg) -> tuple[torch.nn.Module, dict, torch.device]:
     """The model with MODEL.CHECKPOINT's weights, in eval mode on its device, and the checkpoint's other fields."""
-    from runner.model import build_model, load_weights
+    from runner.model import build_model
+    from runner.weights.files import load_weights
 
     bare = cfg.clone()
     bare.defrost()

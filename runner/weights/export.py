@@ -116,7 +116,7 @@ def find_checkpoint(path: str) -> Path:
 def load_source(path: str, use_ema: bool = True) -> Source:
     """The checkpoint of `path`, its run's config and the weights to export (its EMA when it has one and
     `use_ema`)."""
-    from runner.model import read_weights_file, state_dict_of
+    from runner.weights.files import read_weights_file, state_dict_of
 
     ckpt = find_checkpoint(path)
     obj = read_weights_file(str(ckpt), f"checkpoint {ckpt}")
