@@ -16,7 +16,7 @@ from runner.startup import prepare
 prepare()
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (the session's SLURM for tests/test_slurm.py)
-from tests.utils import ROOT, TINY, call_main, run_tool
+from tests.utils import ROOT, TINY, call_main, give_back_loggers, logger_state, run_tool
 
 
 @pytest.fixture
@@ -54,11 +54,11 @@ def in_process(capfd, monkeypatch, signal_handlers, tmp_path_factory):
     monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)  # no monitor thread: tqdm's, it would outlive the tool
     environ, threads = dict(os.environ), set(threading.enumerate())
     files = _open_files(tmp_path_factory.getbasetemp())
-    loggers = _logger_state()
+    loggers = logger_state()
     shown, kept = warnings.showwarning, logging._warnings_showwarning
     torch_threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
     yield lambda tool, args: call_main(tool, args, capfd)
-    _give_back_loggers(loggers)
+    give_back_loggers(loggers)
     warnings.showwarning, logging._warnings_showwarning = shown, kept
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(torch_threads or sys.modules["torch"].get_num_threads())
@@ -85,28 +85,3 @@ def _open_files(under) -> set[str]:
     return found
 
 
-def _logger_state() -> dict[str, tuple]:
-    """The handlers, level and propagation of the loggers a tool sets up, and runner.sinks.logs's own record of
-    the set-up (a spawned loader worker repeats it)."""
-    from runner.sinks import logs
-
-    names = ("runner", "py.warnings", "")
-    state = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).level, logging.getLogger(n).propagate)
-             for n in names}
-    return {**state, "setup": logs._SETUP}
-
-
-def _give_back_loggers(state: dict[str, tuple]) -> None:
-    """Put the loggers back as `_logger_state` found them, closing the handlers added since (log.txt's file)."""
-    from runner.sinks import logs
-
-    logs._SETUP = state.pop("setup")
-    for name, (handlers, level, propagate) in state.items():
-        logger = logging.getLogger(name)
-        for handler in logger.handlers:
-            if handler not in handlers:
-                handler.close()
-        logger.handlers[:] = handlers
-        logger.setLevel(level)
-        logger.propagate = propagate
-    logs._BEFORE_LOG_FILE.records.clear()

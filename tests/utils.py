@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -184,3 +185,30 @@ def merge_pairs(cfg, pairs: list) -> None:
 
             value = yaml.safe_load(value) if value.strip() else value
         set_value(cfg, key, coerce_value(key, value, lookup(key), raw))
+
+
+def logger_state() -> dict[str, tuple]:
+    """The handlers, level and propagation of the loggers a tool sets up, and runner.sinks.logs's own record of
+    the set-up (a spawned loader worker repeats it)."""
+    from runner.sinks import logs
+
+    names = ("runner", "py.warnings", "")
+    state = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).level, logging.getLogger(n).propagate)
+             for n in names}
+    return {**state, "setup": logs._SETUP}
+
+
+def give_back_loggers(state: dict[str, tuple]) -> None:
+    """Put the loggers back as `logger_state` found them, closing the handlers added since (log.txt's file)."""
+    from runner.sinks import logs
+
+    logs._SETUP = state.pop("setup")
+    for name, (handlers, level, propagate) in state.items():
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+    logs._BEFORE_LOG_FILE.records.clear()

@@ -21,7 +21,7 @@ from runner.config import config_from_yaml_text
 from runner.data.folder.dataset import timm_transform
 from runner.weights import export as lib
 from runner.weights.preprocess import resolve
-from tests.utils import env
+from tests.utils import env, give_back_loggers, logger_state
 
 ROOT = Path(__file__).resolve().parents[2]
 # test_resnet on the digits for one epoch (22 steps, ~5 s); EMA decay 0.9 so the EMA differs from the raw weights
@@ -39,9 +39,14 @@ def tool():
 
 
 def run_main(*args: str) -> int:
-    """tools/export.py's main in this process; its exit code."""
-    with pytest.raises(SystemExit) as done:
-        tool().main(list(args))
+    """tools/export.py's main in this process; its exit code. The log handlers it sets up (on this test's captured
+    stdout) are taken back after it: left, the next in-process tool would log to a closed stream."""
+    loggers = logger_state()
+    try:
+        with pytest.raises(SystemExit) as done:
+            tool().main(list(args))
+    finally:
+        give_back_loggers(loggers)
     return done.value.code
 
 
