@@ -14,7 +14,8 @@ It measures the coordination layer (lock, journal, scheduler), not training, and
   contract does (a SIGKILL between rows loses only the epoch in progress, as a checkpoint per epoch would).
   What this leaves out: the trial's own process (its folder lock, `wait_free`, PR_SET_PDEATHSIG).
 - Timing: `worker.take`, `worker.finish` and `worker.open_study` are wrapped in each worker (and `worker.locked`,
-  to split a call into waiting for the lock and holding it); one line per call to ROOT/timings/PID.tsv.
+  to split a call into holding the lock and the rest: waiting for it, or for the job a holder decided for this
+  worker); one line per call to ROOT/timings/PID.tsv, with when it began.
 - SIGKILL storms: `storms` times, at moments drawn over the study's first part, a random `kill_fraction` of the
   live workers is killed and as many replacements forked.
 - `check` replays the journal and the trial folders: no trial lost, no epoch trained twice, no rung value
@@ -93,26 +94,31 @@ def _append(path: Path, row: dict) -> None:
 def instrument(worker, root: Path) -> None:
     """Wrap take, finish, open_study and locked in this worker process; one line per call to ROOT/timings/PID.tsv."""
     fd = os.open(root / "timings" / f"{os.getpid()}.tsv", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    waits: list[float] = []
+    holds: list[float] = []
     real_locked, real_take, real_finish, real_open = worker.locked, worker.take, worker.finish, worker.open_study
 
     @contextlib.contextmanager
-    def locked(path):
-        """worker.locked, noting how long the lock took to get."""
-        t = time.perf_counter()
-        with real_locked(path):
-            waits.append(time.perf_counter() - t)
-            yield
+    def locked(path, wait=True):
+        """worker.locked, noting how long the lock was held (the rest of a call is waiting for it, or its reply)."""
+        with real_locked(path, wait) as held:
+            t = time.perf_counter()
+            try:
+                yield held
+            finally:
+                holds.append(time.perf_counter() - t if held else 0.0)
 
     def timed(name, fn):
-        """`fn` writing one line per call: name, seconds, seconds waiting for the lock, whether it got a job."""
+        """`fn` writing one line per call: name, seconds, seconds waiting for the lock, whether it got a job, when it
+        began (epoch seconds)."""
         def call(*a, **k):
             """The call, timed."""
-            waits.clear()
+            holds.clear()
             t = time.perf_counter()
             out = fn(*a, **k)
             got = int(out[0] is not None) if name == "take" else 1
-            os.write(fd, f"{name}\t{time.perf_counter() - t:.6f}\t{sum(waits):.6f}\t{got}\n".encode())
+            took = time.perf_counter() - t
+            wait = took - sum(holds) if holds else 0.0  # a take that found nothing to do never asked for the lock
+            os.write(fd, f"{name}\t{took:.6f}\t{wait:.6f}\t{got}\t{time.time() - took:.3f}\n".encode())
             return out
         return call
 
@@ -339,9 +345,9 @@ def latencies(root: Path) -> dict:
     for path in (root / "timings").glob("*.tsv"):
         for line in path.read_text().splitlines():
             parts = line.split("\t")
-            if len(parts) != 4:
+            if len(parts) != 5:
                 continue  # a worker killed mid-line
-            name, dt, wait, got = parts[0], float(parts[1]), float(parts[2]), parts[3] == "1"
+            name, dt, wait, got = parts[0], float(parts[1]), float(parts[2]), parts[3] == "1"  # parts[4]: when
             calls.setdefault(name, []).append(dt)
             calls.setdefault(f"{name}_wait", []).append(wait)  # waiting for ROOT/search.lock
             calls.setdefault(f"{name}_held", []).append(dt - wait)  # the rest: reading, deciding, appending
