@@ -373,7 +373,7 @@ def test_a_knob_the_schedule_does_not_read_is_warned_about_once(caplog):
 
 
 def test_help_keys_train_says_what_each_knob_does():
-    from runner.config.io import help_keys_text
+    from runner.config.key_help import help_keys_text
 
     text = help_keys_text("TRAIN")
     for key in SCHEDULE_KEYS:

@@ -1,18 +1,12 @@
 """The configuration: defaults.py (every key; a component's own keys are declared beside it, runner.keys),
-derived.py (what a value means at run time), schema.py (what each accepts), io.py (text in and out),
-imports.py (IMPORTS: the user's code), loader.py (argv, files, overrides, provenance). Imports run one way:
-defaults, derived <- schema <- io <- loader, and imports <- loader."""
+derived.py (what a value means at run time), schema.py (what each accepts), safe_yaml.py (YAML text to entries
+with file:line), merge.py (entries onto a config), compare.py (flatten, diff), dump.py (config to YAML),
+key_help.py (--help-keys, did-you-mean), output_dir.py (the default run folder), imports.py (IMPORTS: the user's
+code), loader.py (argv, files, overrides, provenance). Imports run one way: defaults, derived <- schema <-
+compare, dump, safe_yaml, key_help, output_dir <- merge <- loader, and imports <- merge."""
+from runner.config.compare import MISSING, changed_from_defaults, diff_configs, flatten, same_value
 from runner.config.defaults import get_default_config
-from runner.config.io import (
-    MISSING,
-    changed_from_defaults,
-    config_from_yaml_text,
-    default_output_dir,
-    diff_configs,
-    dump_config,
-    flatten,
-    same_value,
-)
+from runner.config.dump import dump_config
 from runner.config.loader import (
     ConfigInfo,
     add_config_arguments,
@@ -21,6 +15,8 @@ from runner.config.loader import (
     handle_info_flags,
     load_config,
 )
+from runner.config.merge import config_from_yaml_text
+from runner.config.output_dir import default_output_dir
 from runner.config.schema import (
     ENUMS,
     OPTIMIZERS,

@@ -14,22 +14,15 @@ from typing import Any
 
 from yacs.config import CfgNode as CN
 
+from runner.config.compare import changed_from_defaults, flatten
 from runner.config.defaults import _C, get_default_config
+from runner.config.dump import dump_config
 from runner.config.imports import import_user_code
 from runner.config.interp import STORED_CONFIG, Resolved, resolve, unescape, yaml_scalar
-from runner.config.io import (
-    Entry,
-    apply_entries,
-    chain_text,
-    changed_from_defaults,
-    default_output_dir,
-    dump_config,
-    flatten,
-    help_keys_text,
-    import_early,
-    parse_yaml,
-    suggest_key,
-)
+from runner.config.key_help import help_keys_text, suggest_key
+from runner.config.merge import apply_entries, chain_text, import_early
+from runner.config.output_dir import default_output_dir
+from runner.config.safe_yaml import Entry, parse_yaml
 from runner.config.schema import (
     COMMAND_LINE,
     coerce_value,

@@ -22,7 +22,8 @@ import tempfile
 import yaml
 
 from runner.config.interp import yaml_scalar
-from runner.config.io import config_label, suggest_key
+from runner.config.key_help import suggest_key
+from runner.config.output_dir import config_label
 from runner.config.schema import ABSENT, lookup
 from runner.errors import UserError
 from runner.fsutil import atomic_write

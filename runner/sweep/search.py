@@ -204,7 +204,7 @@ def _dim(sweep: Sweep, key: Any, spec: Any, cfg: Any) -> Dim:
 
 def _config_key(sweep: Sweep, key: Any) -> Any:
     """The default of config key `key` (a UserError when it is no key a search may set)."""
-    from runner.config.io import suggest_key
+    from runner.config.key_help import suggest_key
 
     default = lookup(key) if isinstance(key, str) else ABSENT
     if key == "OUTPUT_DIR":

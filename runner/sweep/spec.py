@@ -31,7 +31,7 @@ import yaml
 from yacs.config import CfgNode as CN
 
 from runner.config.interp import has_expression, yaml_scalar
-from runner.config.io import suggest_key
+from runner.config.key_help import suggest_key
 from runner.config.schema import ABSENT, coerce_value, inline_yaml, lookup
 from runner.errors import UserError
 

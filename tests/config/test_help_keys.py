@@ -1,8 +1,9 @@
 """`--help-keys [PREFIX]`: the config keys with their defaults and the comments of defaults.py."""
 from __future__ import annotations
 
+from runner.config.compare import flatten
 from runner.config.defaults import _C
-from runner.config.io import flatten, key_comments
+from runner.config.key_help import key_comments
 from tests.utils import assert_user_error, run_tool
 
 
