@@ -11,6 +11,7 @@ from __future__ import annotations
 from yacs.config import CfgNode as CN
 
 from runner import keys
+from runner.errors import UserError
 
 _C = CN()
 
@@ -385,6 +386,17 @@ def _lookup(name: str) -> object:
     return node
 
 
+def refuse_unplaced() -> None:
+    """Refuse a declared key still waiting for the key its `after=` names once its modules are imported: no module
+    declared that key, so the knob would silently be missing from the defaults."""
+    for after, waiting in _WAITING.items():
+        key = waiting[0]
+        raise UserError(f"config key {key.name} ({keys.OWNERS[key.name]}) is declared after={after}, a key that "
+                        "neither defaults.py nor any imported module declares: name a key of its section, or "
+                        "leave after= out (the section's end)")
+
+
 _WAITING: dict[str, list[keys.Key]] = {}  # a key not yet declared -> the keys declared to follow it
 keys.on_declare(_add_declared)
 keys.load_built_in()
+refuse_unplaced()

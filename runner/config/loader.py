@@ -17,10 +17,9 @@ from yacs.config import CfgNode as CN
 from runner.config.compare import changed_from_defaults, flatten
 from runner.config.defaults import _C, get_default_config
 from runner.config.dump import dump_config
-from runner.config.imports import import_user_code
 from runner.config.interp import STORED_CONFIG, Resolved, resolve, unescape, yaml_scalar
 from runner.config.key_help import help_keys_text, suggest_key
-from runner.config.merge import apply_entries, chain_text, import_early
+from runner.config.merge import apply_entries, chain_text, import_components, import_early
 from runner.config.output_dir import default_output_dir
 from runner.config.safe_yaml import Entry, parse_yaml
 from runner.config.schema import (
@@ -140,10 +139,17 @@ def load_config(argv: list[str] | None = None, parser: argparse.ArgumentParser |
     expand_paths(cfg)
     _keep_stored(cfg, info)
     # the user's modules register models, sources, sinks and schedules that validation must know
-    import_user_code(cfg.IMPORTS, info.provenance.get("IMPORTS", "default"))
+    import_components(cfg.IMPORTS, info.provenance.get("IMPORTS", "default"))
     validate(cfg, info.provenance, check_files=check_paths and not info.showing)
     cfg.freeze()
     return cfg, info
+
+
+def import_config_imports(paths: list[str], extra: list[Entry] | None = None) -> None:
+    """Import the IMPORTS that config files (their _BASE_ chains included) and `extra` set, as load_config does
+    before the merge: for readers that check keys without building a config (a sweep file, a command-line grid)."""
+    files = [e for path in paths for e in _file_entries(os.path.expanduser(path), ())]
+    import_early(files + list(extra or ()))
 
 
 def _command_line_imports(tokens: list[str]) -> list[Entry]:

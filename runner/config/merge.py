@@ -6,7 +6,7 @@ from typing import Any
 
 from yacs.config import CfgNode as CN
 
-from runner.config.defaults import get_default_config
+from runner.config.defaults import get_default_config, refuse_unplaced
 from runner.config.imports import import_user_code
 from runner.config.interp import has_expression, unescape
 from runner.config.key_help import suggest_key
@@ -68,13 +68,19 @@ def _unknown_key_message(e: Entry) -> str:
 
 
 
+def import_components(entries: Any, where: str) -> None:
+    """Import the user's IMPORTS, then refuse a key they declared after one that nothing declares."""
+    import_user_code(entries, where)
+    refuse_unplaced()
+
+
 def import_early(entries: list[Entry]) -> None:
     """Import the IMPORTS that `entries` set (the last one wins) before they are merged: the keys those modules
     declare (runner.keys) must be defaults by then. A value with ${...} waits for the merge, as before."""
     last = next((e for e in reversed(entries) if e.key == "IMPORTS"), None)
     if last is None or has_expression(last.value):
         return
-    import_user_code(coerce_value("IMPORTS", last.value, (), last.raw, last.source), last.source)
+    import_components(coerce_value("IMPORTS", last.value, (), last.raw, last.source), last.source)
 
 
 def config_from_yaml_text(text: str, name: str = "<stored config>") -> CN:
@@ -89,7 +95,7 @@ def config_from_yaml_text(text: str, name: str = "<stored config>") -> CN:
     provenance: dict[str, str] = {}
     apply_entries(cfg, entries, provenance)
     expand_paths(cfg)  # a config stored before "~" was expanded compares equal to today's
-    import_user_code(cfg.IMPORTS, provenance.get("IMPORTS", "default"))
+    import_components(cfg.IMPORTS, provenance.get("IMPORTS", "default"))
     validate(cfg, provenance, check_files=False)
     cfg.freeze()
     return cfg

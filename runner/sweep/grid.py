@@ -23,8 +23,10 @@ import yaml
 
 from runner.config.interp import yaml_scalar
 from runner.config.key_help import suggest_key
+from runner.config.loader import import_config_imports
 from runner.config.output_dir import config_label
-from runner.config.schema import ABSENT, lookup
+from runner.config.safe_yaml import Entry
+from runner.config.schema import ABSENT, COMMAND_LINE, lookup
 from runner.errors import UserError
 from runner.fsutil import atomic_write
 from runner.sweep.points import short_key
@@ -68,7 +70,7 @@ def parse_args(args: list[str]) -> tuple[str, list[str], dict[str, list[str]], l
         elif name == "--grid":
             if not args:
                 raise UserError(f"--grid {value} has no values: --grid KEY V1,V2")
-            key = _key(value, "--grid")
+            key = value
             if key in grid:
                 raise UserError(f"--grid {key} is given twice: give every value in one --grid {key} V1,V2,...")
             grid[key] = split_values(args.pop(0), key)
@@ -77,9 +79,15 @@ def parse_args(args: list[str]) -> tuple[str, list[str], dict[str, list[str]], l
         elif not args:
             raise UserError(f"{flag} has no value: after the --grid options come KEY VALUE pairs")
         else:
-            pairs.append((_key(flag, "KEY VALUE"), args.pop(0)))
+            pairs.append((flag, args.pop(0)))
     if not cfgs or not grid:
         raise UserError(f"a sweep from the command line needs --cfg FILE and at least one --grid KEY V1,V2; {USAGE}")
+    # the configs' IMPORTS (and an IMPORTS pair) first: a knob a user's component declares is then a key
+    import_config_imports(cfgs, [Entry(k, yaml_scalar(v), v, COMMAND_LINE) for k, v in pairs if k == "IMPORTS"])
+    for key in grid:
+        _key(key, "--grid")
+    for key, _ in pairs:
+        _key(key, "KEY VALUE")
     return root, cfgs, grid, pairs
 
 

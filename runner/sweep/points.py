@@ -33,6 +33,7 @@ from typing import Any
 
 from runner.config import flatten, get_default_config, load_config
 from runner.errors import UserError, one_line
+from runner.keys import DECLARED
 from runner.sweep.spec import Sweep, Value, read_sweep, token_for
 
 MAX_NAME = 120  # bytes of a folder name: far below the file systems' 255, with room for a hash
@@ -149,12 +150,12 @@ def point_name(keys: dict[str, Any]) -> str:
 def short_key(key: str) -> str:
     """A key as a folder name shows it: its last part in lower case when no other key ends so, else all of it."""
     last = key.rsplit(".", 1)[-1]
-    return (last if _last_parts()[last] == 1 else key).lower()
+    return (last if _last_parts(len(DECLARED))[last] == 1 else key).lower()
 
 
 @functools.cache
-def _last_parts() -> dict[str, int]:
-    """How many config keys end in each last part."""
+def _last_parts(declared: int) -> dict[str, int]:
+    """How many config keys end in each last part (counted again when a component declares keys)."""
     counts: dict[str, int] = {}
     for key in flatten(get_default_config()):
         last = key.rsplit(".", 1)[-1]

@@ -32,6 +32,8 @@ from yacs.config import CfgNode as CN
 
 from runner.config.interp import has_expression, yaml_scalar
 from runner.config.key_help import suggest_key
+from runner.config.loader import import_config_imports
+from runner.config.safe_yaml import Entry
 from runner.config.schema import ABSENT, coerce_value, inline_yaml, lookup
 from runner.errors import UserError
 
@@ -136,11 +138,23 @@ class _Reader:
         for name, (knode, _) in self.sections.items():
             if name not in SECTIONS:
                 raise self.fail(knode, f"unknown section {name!r}; a sweep file has {', '.join(SECTIONS)}")
+        self.import_components()
         fixed, grid, points = self.values("set", self.section("set")), self.grid(), self.points()
         self.refuse_shared_keys(fixed, grid, points)
         search = self.section("search")
         return Sweep(self.path, self.cfg_files(), self.root(), fixed, grid, points,
                      None if search is None else self.loader.construct_object(search, deep=True))
+
+    def import_components(self) -> None:
+        """Import the base config's IMPORTS (and set:'s) before any key is checked: a knob that a user's component
+        declares (runner.keys) is a config key only once its module is imported."""
+        node, extra = self.section("set"), []
+        for key, (knode, vnode) in ({} if node is None else self.mapping(node, "set")).items():
+            if key == "IMPORTS":
+                raw = vnode.value if isinstance(vnode, yaml.ScalarNode) and vnode.style is None else None
+                extra.append(Entry(key, self.loader.construct_object(vnode, deep=True), raw,
+                                   f"sweep {self.path}:{knode.start_mark.line + 1}"))
+        import_config_imports(list(self.cfg_files()), extra)
 
     def section(self, name: str) -> yaml.Node | None:
         """The value node of a top-level section; None when it is missing or empty (`set:` alone)."""

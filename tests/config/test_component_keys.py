@@ -137,3 +137,20 @@ def test_a_key_declared_twice_is_one_line(tmp_path):
     module.write_text("from runner.keys import Key, declare\ndeclare([Key('TRAIN.LR', 1.0, 'mine')], owner='mine')\n")
     assert_user_error(run_tool("train.py", ["IMPORTS", f"[{module}]", "--print-config"], timeout=60),
                       "config key TRAIN.LR is in runner/config/defaults.py already")
+
+
+def test_a_key_placed_after_a_key_nobody_declares_is_one_line(tmp_path):
+    """after= naming a key that no module declares: refused once the IMPORTS are in, not left out of the defaults."""
+    module = tmp_path / "misplaced.py"
+    module.write_text("from runner.keys import Key, declare\n"
+                      "declare([Key('DATA.MY_KNOB', 1, 'mine')], owner='source mine', after='DATA.NO_SUCH_KEY')\n")
+    assert_user_error(run_tool("train.py", ["IMPORTS", f"[{module}]", "--print-config"], timeout=60),
+                      "config key DATA.MY_KNOB (source mine) is declared after=DATA.NO_SUCH_KEY, a key that neither "
+                      "defaults.py nor any imported module declares")
+    # after= naming a key the same module declares later still waits for it and is placed there
+    module.write_text("from runner.keys import Key, declare\n"
+                      "declare([Key('DATA.MY_KNOB', 1, 'mine')], owner='source mine', after='DATA.MY_FIRST')\n"
+                      "declare([Key('DATA.MY_FIRST', 0, 'first')], owner='source mine')\n")
+    r = run_tool("train.py", ["IMPORTS", f"[{module}]", "--print-config"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "  MY_FIRST: 0\n  MY_KNOB: 1\n" in r.stdout
