@@ -2,7 +2,7 @@
 
 A component's module lists its keys, `Key(name, default, comment, check=..., choices=..., resume_safe=...)`, and
 hands them to `declare` (or to its table's register line, which calls it): runner.config.defaults adds them to the
-default config at the place `after` names, runner.config.schema validates them by their `check` and `choices`, a
+default config at the place `after` names, runner.config.validation checks them by their `check` and `choices`, a
 resume may change those marked resume_safe, and `--help-keys` and the dumped defaults show their comments. So a
 new knob is one module and one line, not defaults.py, schema.py and a comment list kept by hand.
 

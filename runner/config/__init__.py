@@ -1,9 +1,10 @@
 """The configuration: defaults.py (every key; a component's own keys are declared beside it, runner.keys),
-derived.py (what a value means at run time), schema.py (what each accepts), safe_yaml.py (YAML text to entries
-with file:line), merge.py (entries onto a config), compare.py (flatten, diff), dump.py (config to YAML),
-key_help.py (--help-keys, did-you-mean), output_dir.py (the default run folder), imports.py (IMPORTS: the user's
-code), loader.py (argv, files, overrides, provenance). Imports run one way: defaults, derived <- schema <-
-compare, dump, safe_yaml, key_help, output_dir <- merge <- loader, and imports <- merge."""
+derived.py (what a value means at run time), schema.py (what each accepts), validation.py (`validate`: those
+rules and the cross-field ones on a merged config), safe_yaml.py (YAML text to entries with file:line), merge.py
+(entries onto a config), compare.py (flatten, diff), dump.py (config to YAML), key_help.py (--help-keys,
+did-you-mean), output_dir.py (the default run folder), imports.py (IMPORTS: the user's code), loader.py (argv,
+files, overrides, provenance). Imports run one way: defaults, derived <- schema <- validation, compare, dump,
+safe_yaml, key_help, output_dir <- merge <- loader, and imports <- merge."""
 from runner.config.compare import MISSING, changed_from_defaults, diff_configs, flatten, same_value
 from runner.config.defaults import get_default_config
 from runner.config.dump import dump_config
@@ -23,8 +24,8 @@ from runner.config.schema import (
     RESUME_SAFE_KEYS,
     UNSUPPORTED_OPTIMIZERS,
     coerce_value,
-    validate,
 )
+from runner.config.validation import validate
 
 __all__ = [
     "ENUMS", "MISSING", "OPTIMIZERS", "RESUME_SAFE_KEYS", "UNSUPPORTED_OPTIMIZERS", "ConfigInfo",

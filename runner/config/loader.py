@@ -30,8 +30,8 @@ from runner.config.schema import (
     inline_yaml,
     lookup,
     set_value,
-    validate,
 )
+from runner.config.validation import validate
 from runner.errors import UserError, argument_error
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from runner.config.imports import import_user_code
 from runner.config.interp import has_expression, unescape
 from runner.config.key_help import suggest_key
 from runner.config.safe_yaml import Entry, parse_yaml
-from runner.config.schema import ABSENT, coerce_value, expand_paths, lookup, set_value, type_words, validate
+from runner.config.schema import ABSENT, coerce_value, expand_paths, lookup, set_value, type_words
+from runner.config.validation import validate
 from runner.errors import UserError
 
 
