@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from runner.startup import prepare
+from runner.process.startup import prepare
 
 prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
 

@@ -70,7 +70,7 @@ def process_runners(name: str, args: argparse.Namespace, env: dict[str, str]) ->
 
 def inprocess_runners(name: str, args: argparse.Namespace) -> dict:
     """Build both in this process, warm both up; callables that time one block of steps each."""
-    from runner.startup import prepare
+    from runner.process.startup import prepare
 
     prepare()  # the runner's CPU-thread choice for both, before raw_loop imports torch
     import raw_loop  # benchmarks/ is on sys.path: it is this script's own folder
@@ -140,7 +140,8 @@ def main() -> None:
     env.pop("OMP_NUM_THREADS", None)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inprocess: before torch loads (runner.startup keeps it)
+        # inprocess: before torch loads (runner.process.startup keeps it)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     results = [run_case(name.strip(), args, env) for name in args.cases.split(",")]
     print(f"\nstarted {started}, mode {args.mode}, clock {args.clock}, {os.cpu_count()} CPUs, threads "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.startup import prepare
+from runner.process.startup import prepare
 
 prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
 

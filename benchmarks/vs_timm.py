@@ -66,7 +66,7 @@ def _top1(which: str, out: Path) -> float:
 def _user_env() -> dict[str, str]:
     """This shell's environment without what importing runner put into it (its CPU thread choice): both tools
     start as a user would start them, and ours makes its own choice again."""
-    from runner import threads
+    from runner.process import threads
 
     ours = [item.split("=", 1)[0] for item in os.environ.get(threads.MARKER, "").split()]
     return {k: v for k, v in os.environ.items() if k not in ours and k != threads.MARKER}

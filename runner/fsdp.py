@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
-from runner import malloc
 from runner.errors import UserError
+from runner.process import malloc
 
 if TYPE_CHECKING:
     from runner.distributed import Dist

@@ -1,6 +1,6 @@
 """Shared test setup (the runner is installed by requirements.txt; pytest's pythonpath makes `tests` importable).
 
-The test process is an entry point like tools/*.py: runner.startup.prepare() runs before any test imports torch.
+The test process is an entry point like tools/*.py: runner.process.startup.prepare() runs before any test imports torch.
 """
 import logging
 import os
@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from runner.startup import prepare
+from runner.process.startup import prepare
 
 prepare()
 

@@ -88,7 +88,7 @@ def run(spec: str, rank: int, world: int) -> dict:
 
 def main() -> None:
     """Every name in argv, rank 0 writing the results."""
-    from runner import startup
+    from runner.process import startup
 
     startup.prepare()
     tdist.init_process_group("gloo", timeout=timedelta(seconds=int(os.environ.get("FSDP_OPTIM_TIMEOUT_S", "60"))))

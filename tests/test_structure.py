@@ -60,7 +60,7 @@ def test_no_import_cycle_inside_a_runner_package():
 # The layers of runner/, lowest first (docs/ARCHITECTURE.md): a module imports only its own layer and those below,
 # at module level or inside a function (an import under `if TYPE_CHECKING:` is a type's name only, not counted).
 LAYERS = [
-    ["runner", "runner.errors", "runner.compat", "runner.fsutil", "runner.threads", "runner.startup"],
+    ["runner", "runner.errors", "runner.compat", "runner.fsutil", "runner.process"],
     ["runner.config", "runner.optim"],
     ["runner.rundir"],
     ["runner.distributed", "runner.checkpoint", "runner.model", "runner.fsdp", "runner.distill", "runner.profiler",
@@ -152,7 +152,7 @@ print(json.dumps({"env": sorted(set(os.environ.items()) ^ set(env.items())),
 
 def test_importing_every_runner_module_changes_nothing_in_the_process():
     """No side effect at import: the environment, the import hooks and torch's thread count stay as they were
-    (runner.startup.prepare() is the entry points' to call)."""
+    (runner.process.startup.prepare() is the entry points' to call)."""
     from runner.data.workerstart import SERVER_ONLY  # imported inside the loader workers' fork server only
 
     names = sorted(module_name(p) for p in RUNNER.rglob("*.py")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from runner.threads import MARKER
+from runner.process.threads import MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "tools" / "train.py")
@@ -27,7 +27,7 @@ def forked_worker_script(preload: list[str], body: str) -> str:
     from it that runs `report(queue)` (defined in `body`) and prints, as JSON, what that put in the queue."""
     return f"""
 import json, sys
-from runner.startup import prepare
+from runner.process.startup import prepare
 prepare()
 import multiprocessing as mp
 from runner.data.workerstart import start_server

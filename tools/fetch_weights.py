@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from runner.startup import prepare
+from runner.process.startup import prepare
 
 prepare()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from runner.startup import prepare
+from runner.process.startup import prepare
 
 prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
 

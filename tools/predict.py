@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 # isort: off
-from runner.startup import prepare
+from runner.process.startup import prepare
 
 prepare()  # before torch loads: the CPU-thread choice is read by libgomp as torch loads
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from runner.data.sources import source
-from runner.threads import affinity_cpus
+from runner.process.threads import affinity_cpus
 
 # The signals by which a run is asked to save and stop (runner.engine.signals): the main process answers them.
 # SLURM, Kubernetes, systemd and `timeout` send them to every process of the job, workers included: a worker
@@ -43,8 +43,8 @@ def stop_signals_held() -> Iterator[None]:
 
 # imported in the server only, first and last: it skips timm's own import of wandb, and it leaves at once when
 # the run ends (its interpreter's teardown held the run's output streams open for 1.3 s after the run had exited)
-SERVER_START = "runner.data.serverstart"
-SERVER_EXIT = "runner.data.serverexit"
+SERVER_START = "runner.process.serverstart"
+SERVER_EXIT = "runner.process.serverexit"
 SERVER_ONLY = (SERVER_START, SERVER_EXIT)
 
 
@@ -58,7 +58,7 @@ def start_server(preload: list[str], warm: bool = False) -> None:
     multiprocessing.get_context("forkserver").set_forkserver_preload([SERVER_START, *preload, SERVER_EXIT])
     with stop_signals_held():  # the server and every worker it forks inherit them held back
         if warm and fork_ready(preload):
-            from runner.data.serverfork import forking_spawn
+            from runner.process.serverfork import forking_spawn
 
             with forking_spawn():
                 forkserver.ensure_running()

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from runner import distributed, fsdp, threads
+from runner import distributed, fsdp
 from runner.compat import import_torchvision
 from runner.config.derived import parse_time_limit
 from runner.data import build_data
@@ -46,6 +46,7 @@ from runner.engine.watchdog import Watchdog, job_board, relay_failure
 from runner.errors import UserError
 from runner.model import build_model, compiler, prepare_model
 from runner.optim import build_optimizer, build_scheduler
+from runner.process import threads
 from runner.profiler import build_profiler
 from runner.rundir.layout import CONFIG
 from runner.rundir.lock import RunLock

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner import checkpoint as ckpt
-from runner import distributed, threads
+from runner import distributed
 from runner.data.sources import source
 from runner.distributed import Dist
 from runner.errors import UserError
 from runner.fsutil import atomic_write, remove_stale_temps
 from runner.optim import schedule_on_resume
+from runner.process import threads
 from runner.rundir import reader, rules
 from runner.rundir.layout import CONFIG, ENV, LOCK
 from runner.rundir.lock import RunLock

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
-from runner import threads
 from runner.engine.hooks import EvaluationCut, Hook, RunState, StopRun
 from runner.engine.step import TrainStep
+from runner.process import threads
 
 
 class Trainer:

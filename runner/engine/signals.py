@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from runner import distributed, signalsafe
+from runner import distributed
 from runner.engine.hooks import Checkpointer, EvaluationCut, Hook, Profiler, RunState, StopRun
 from runner.errors import DataUnavailable, Preempted, UserError, one_line
+from runner.process import signalsafe
 from runner.rundir import marker
 from runner.rundir.layout import CHECKPOINTS
 

@@ -15,8 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from runner import malloc
-from runner.threads import affinity_cpus
+from runner.process import malloc
+from runner.process.threads import affinity_cpus
 
 NOT_INSTALLED = "not installed"
 _PACKAGES = ("torch", "timm", "yacs", "tensorboard", "numpy")

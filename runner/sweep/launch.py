@@ -144,7 +144,7 @@ def point_done(point: Point) -> bool:
 
 def open_pool(slots: int, root: str, unit: str, torchrun: bool) -> Pool:
     """The pool, its root made and its signals taken; the processes share this machine's cores."""
-    if slots > 1:  # as torchrun's local ranks do (runner/threads.py)
+    if slots > 1:  # as torchrun's local ranks do (runner/process/threads.py)
         os.environ.setdefault("RUNNER_CPU_SHARE", str(slots))
     try:
         os.makedirs(root, exist_ok=True)

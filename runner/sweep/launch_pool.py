@@ -18,8 +18,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from runner import signalsafe
 from runner.errors import EXIT_OK, EXIT_PREEMPTED, EXIT_USER
+from runner.process import signalsafe
 from runner.rundir import reader
 
 EXIT_FAILED = 1

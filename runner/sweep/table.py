@@ -166,7 +166,7 @@ def best_line(search: Search | StudyRoot, top: FrozenTrial) -> str:
 
 def reproduce_command(search: Search | StudyRoot, number: int) -> str:
     """tools/train.py on the trial's config.yaml into a fresh folder, with the CPU thread count the trial used."""
-    # CPU kernels split their reductions by thread: another count gives other numbers (runner/threads.py)
+    # CPU kernels split their reductions by thread: another count gives other numbers (runner/process/threads.py)
     threads = trial_threads(search.trial_dir(number))
     nproc = trial_nproc(search.trial_dir(number))  # the global batch is DATA.BATCH_SIZE x processes
     launch = ["torchrun", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else ["python"]

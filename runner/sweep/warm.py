@@ -11,7 +11,7 @@ thing. The server dies with the worker (PR_SET_PDEATHSIG), and a segment with th
 and exits 75, as a segment started cold does when its worker dies. Under torchrun (--nproc above 1) segments start
 cold: torchrun starts its own ranks. A segment's loader workers' fork server (DATA.NUM_WORKERS above 0) is a fork
 of the segment too, made at tools/train.py's early start (runner.data.workerstart.allow_warm_start,
-runner.data.serverfork), not a new interpreter that imports torch and the data source again.
+runner.process.serverfork), not a new interpreter that imports torch and the data source again.
 """
 from __future__ import annotations
 

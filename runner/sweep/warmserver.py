@@ -2,7 +2,7 @@
 
     python -m runner.sweep.warmserver '["torch", ...]' WORKER_PID      (it dies with process WORKER_PID)
 
-It prepares itself as tools/train.py does before torch loads (runner.startup: timm's own `import wandb` skipped,
+It prepares itself as tools/train.py does before torch loads (runner.process.startup: timm's own `import wandb` skipped,
 malloc keeping freed memory, the CPU-thread choice in the environment before libgomp reads it), imports the
 modules named, then for each request line on stdin ({"argv": [SCRIPT, ARGS...], "log": PATH}) forks a segment,
 writes its pid, waits for it and writes its exit code (negative: the signal that ended it), one line each."""
@@ -18,7 +18,7 @@ import sys
 import traceback
 
 from runner.data.workerstart import STOP_SIGNALS, allow_warm_start
-from runner.startup import prepare
+from runner.process.startup import prepare
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 

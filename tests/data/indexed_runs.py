@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.threads import MARKER
+from runner.process.threads import MARKER
 from tests.engine.test_resume import Launch, assert_same_run, train_rows
 from tests.utils import ROOT, TRAIN, torchrun
 

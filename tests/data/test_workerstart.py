@@ -19,7 +19,7 @@ from tests.utils import ROOT, TRAIN, env, forked_worker_script
 # server it started is alive (its pid is multiprocessing's own record)
 PROBE = """
 import json, os, sys
-from runner.startup import prepare
+from runner.process.startup import prepare
 prepare()
 from runner.config import load_config
 from runner.data.workerstart import start_early

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.threads import MARKER
+from runner.process.threads import MARKER
 from tests.engine.test_elastic import ELASTIC, accum_for
 from tests.engine.test_elastic import argv as elastic_argv
 from tests.engine.test_resume import BASE, RESUMED, Launch, assert_checkpoints_load, assert_same_run

@@ -226,8 +226,8 @@ def test_store_that_cannot_be_opened_or_missing_library_is_exit_2(tmp_path):
 
 def test_trackers_off_import_neither_library(tmp_path):
     """A run with the trackers off (the default) imports no tracker module, neither mlflow nor wandb (timm's
-    `import wandb` at `import timm` is answered "not installed": runner.startup); the W&B sink still can."""
-    code = ("import sys; from runner.startup import prepare; prepare(); from runner.config import load_config; "
+    `import wandb` at `import timm` is answered "not installed": runner.process.startup); the W&B sink still can."""
+    code = ("import sys; from runner.process.startup import prepare; prepare(); from runner.config import load_config; "
             "from runner.engine import train; "
             "train(load_config(sys.argv[1:])[0]); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'wandb') "
@@ -237,7 +237,7 @@ def test_trackers_off_import_neither_library(tmp_path):
                        env=env(), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"
-    asked = "from runner.startup import prepare; prepare(); import timm, wandb; print(wandb.__version__)"
+    asked = "from runner.process.startup import prepare; prepare(); import timm, wandb; print(wandb.__version__)"
     later = subprocess.run([sys.executable, "-c", asked], capture_output=True, text=True, cwd=ROOT, env=env(),
                            timeout=300)
     assert later.returncode == 0 and later.stdout.strip(), later.stderr[-3000:]  # importable when asked for

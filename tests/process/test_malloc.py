@@ -1,4 +1,4 @@
-"""runner/malloc.py: a prepared process (and the loader workers its fork server starts) keeps the memory a step
+"""runner/process/malloc.py: a prepared process (and the loader workers its fork server starts) keeps the memory a step
 frees instead of faulting it in again next step; the user's own malloc settings win. Page faults are counted by the
 kernel (getrusage) around real torch allocations."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import malloc
+from runner.process import malloc
 from tests.utils import ROOT, forked_worker_script
 
 # The issue's digits step (resnet18, 32 px, batch 64, SGD with momentum): its activations are freed at each step's
@@ -50,15 +50,15 @@ def faults():
 """.replace("STEPS", str(STEPS))
 
 PROBE = STEP + """
-from runner import malloc
+from runner.process import malloc
 print(json.dumps({**faults(), "line": malloc.describe()}))
 """
-PREPARED = "from runner.startup import prepare\nprepare()\n" + PROBE
+PREPARED = "from runner.process.startup import prepare\nprepare()\n" + PROBE
 
 WORKER = forked_worker_script(["torch", "timm"], STEP + """
 
 def report(queue):
-    from runner import malloc
+    from runner.process import malloc
     queue.put({**faults(), "line": malloc.describe()})
 """)
 
@@ -92,8 +92,8 @@ def test_a_prepared_process_keeps_what_a_step_frees(tmp_path: Path):
     assert "prepare() was not called" in unprepared["line"]
 
 
-SHARDED = ("from runner.startup import prepare\nprepare()\nfrom runner import malloc\nmalloc.for_sharded_training()\n"
-           + PROBE)
+SHARDED = ("from runner.process.startup import prepare\nprepare()\nfrom runner.process import malloc\n"
+           "malloc.for_sharded_training()\n" + PROBE)
 
 
 @glibc

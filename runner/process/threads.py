@@ -5,7 +5,7 @@ cores other processes hold, the spinning thread keeps the core from the thread i
 152 s beside two busy processes (docs/PERFORMANCE.md, "CPU threads on a loaded machine"). So the count is the
 cores this process may really use, and where other processes already fill them at start (a look at /proc/stat)
 it is halved and the threads wait passively. libgomp reads OMP_NUM_THREADS and OMP_WAIT_POLICY once, when torch
-loads it: `configure()` runs from `runner.startup.prepare()`, which every entry point calls before torch loads.
+loads it: `configure()` runs from `runner.process.startup.prepare()`, which every entry point calls before torch loads.
 A value the user (or torchrun) put in the environment is kept as it is.
 """
 from __future__ import annotations
@@ -221,7 +221,7 @@ def apply(choice: Choice, env: MutableMapping[str, str]) -> None:
 
 
 def configure(env: MutableMapping[str, str] | None = None, look: bool = True) -> Choice:
-    """Choose and apply once per process (runner.startup.prepare); later calls return the first choice.
+    """Choose and apply once per process (runner.process.startup.prepare); later calls return the first choice.
     `look` False: no look at the cores (the load average stands in)."""
     global _choice
     if _choice is None:

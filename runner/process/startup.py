@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.abc
 import sys
 
-from runner import malloc, threads
+from runner.process import malloc, threads
 
 
 class _NoWandbForTimm(importlib.abc.MetaPathFinder):
@@ -19,13 +19,13 @@ class _NoWandbForTimm(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         """ImportError for `import wandb` from timm.utils.summary; None (no opinion) for everything else."""
         if name == "wandb" and _on_stack("timm.utils.summary"):
-            raise ImportError("wandb is not imported for timm's own logging (see runner/startup.py)")
+            raise ImportError("wandb is not imported for timm's own logging (see runner/process/startup.py)")
         return None
 
 
 def prepare() -> threads.Choice:
     """Before torch loads: the CPU-thread choice in the environment (libgomp reads it once, as torch loads),
-    timm's own `import wandb` skipped and malloc keeping freed memory (runner.malloc); idempotent. Returns the
+    timm's own `import wandb` skipped and malloc keeping freed memory (runner.process.malloc); idempotent. Returns the
     thread choice."""
     skip_timms_wandb()
     malloc.configure()

@@ -1,5 +1,5 @@
-"""CPU threads (runner/threads.py): cgroup quota files, the precedence of affinity, quota, local ranks and the user's
-environment, and the choice in effect in a real process whose entry point prepares before torch loads."""
+"""CPU threads (runner/process/threads.py): cgroup quota files, the precedence of affinity, quota, local ranks and
+the user's environment, and the choice in effect in a real process whose entry point prepares before torch loads."""
 from __future__ import annotations
 
 import json
@@ -13,11 +13,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from runner import threads
+from runner.process import threads
 from tests.utils import ROOT, TINY, TRAIN, read_jsonl
 
 # a fresh process: its choice, torch's count and what libgomp itself read (OMP_DISPLAY_ENV prints its settings)
-PROBE = ("import json, os; from runner.startup import prepare; prepare(); import torch; from runner import threads; "
+PROBE = ("import json, os; from runner.process.startup import prepare; prepare(); import torch; "
+         "from runner.process import threads; "
          "print(json.dumps({'torch': torch.get_num_threads(), 'line': threads.describe(), "
          "'env': {k: os.environ.get(k) for k in ('OMP_NUM_THREADS', 'OMP_WAIT_POLICY', threads.MARKER)}}))")
 
@@ -274,7 +275,7 @@ def test_dataloader_workers_use_one_thread():
 
 
 WORKER_LOOK = """
-from runner.startup import prepare
+from runner.process.startup import prepare
 
 choice = prepare()  # as a tool does at the top of its module, which a spawned or fork-server worker re-runs
 

@@ -1,5 +1,5 @@
 """glibc's malloc told to keep the memory a training step frees for the next step, instead of handing it back to
-the kernel and faulting it in again; applied once per process by `runner.startup.prepare()` (and in the loader
+the kernel and faulting it in again; applied once per process by `runner.process.startup.prepare()` (and in the loader
 workers' fork server). Torch-free.
 
 By default glibc returns the free memory at the top of its heap to the kernel once more than its trim threshold
@@ -95,4 +95,4 @@ def for_sharded_training() -> None:
 
 def describe() -> str:
     """env.txt's line: what this process's malloc does with freed memory (changes nothing)."""
-    return _state or "the C library's default (runner.startup.prepare() was not called)"
+    return _state or "the C library's default (runner.process.startup.prepare() was not called)"
