@@ -38,7 +38,7 @@ from runner.engine.claim import AlreadyDone, claim_output_dir, resume, write_run
 from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Checkpointer, Hook, MetricLogger, Profiler
 from runner.engine.loop import Trainer
-from runner.engine.signals import Pause, Preemption, Stamp, StopFlag, TimeLimit, process_started
+from runner.engine.signals import DutiesStart, Pause, Preemption, StopFlag, TimeLimit, process_started
 from runner.engine.splits import SplitResults
 from runner.engine.status import RunStatus
 from runner.engine.step import CanonicalNormStats, TrainStep
@@ -200,7 +200,7 @@ def run_hooks(cfg, trainer: Trainer, dist: Dist, status: RunStatus, control,
     profiler = Profiler(partial(build_profiler, cfg, Path(cfg.OUTPUT_DIR), dist.device, rank=dist.rank,
                                 log=log.info if dist.is_main else None))
     flag = StopFlag(control)  # one stop request, agreed by every rank: asked by TimeLimit, honoured by Preemption
-    stamp = Stamp() if seconds else None
+    stamp = DutiesStart() if seconds else None
     checkpointer = build_checkpointer(cfg, trainer, dist, control)
     hooks = [
         profiler,  # first: it marks the step's end, so the duties below belong to the next step's range
@@ -254,7 +254,7 @@ def build_split_results(cfg, trainer: Trainer, dist: Dist) -> SplitResults:
     return SplitResults(Path(cfg.OUTPUT_DIR), dist, loaders, data.class_names, trainer.stepper.autocast)
 
 
-def _time_limit(seconds: float | None, flag: StopFlag, stamp: Stamp | None, dist: Dist) -> TimeLimit | None:
+def _time_limit(seconds: float | None, flag: StopFlag, stamp: DutiesStart | None, dist: Dist) -> TimeLimit | None:
     """TRAIN.TIME_LIMIT's hook (`seconds`, timing from `stamp`), counted from this process's start; None without
     a limit."""
     if not seconds:

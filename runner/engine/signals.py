@@ -262,7 +262,7 @@ class Pause(Hook):
                                      "checkpoint saved; re-run with a later epoch, or without it, to go on")
 
 
-class Stamp(Hook):
+class DutiesStart(Hook):
     """Notes when the duties after a step or an epoch begin, for TimeLimit (later in the list) to time them."""
 
     def __init__(self):
@@ -280,15 +280,15 @@ class Stamp(Hook):
 class TimeLimit(Hook):
     """TRAIN.TIME_LIMIT: ask every rank to stop and save (as a preemption) while the stop still fits in the budget.
 
-    Placed after the checkpointer, with its Stamp before the evaluator: a step's time runs from the end of the
-    previous step's duties to the Stamp, the duties' time (periodic checkpoints) from the Stamp to here, an
+    Placed after the checkpointer, with its DutiesStart before the evaluator: a step's time runs from the end of the
+    previous step's duties to the DutiesStart, the duties' time (periodic checkpoints) from the DutiesStart to here, an
     epoch end's (evaluation and checkpoint) likewise. Before they are measured, a save is taken to last SAVE_S
     and an epoch end a quarter of an epoch's steps.
     """
 
     SAVE_S, MARGIN_S = 3.0, 3.0  # a save not yet timed; the process's exit after the save
 
-    def __init__(self, seconds: float, flag: StopFlag, stamp: Stamp, *, started: float, lag: int):
+    def __init__(self, seconds: float, flag: StopFlag, stamp: DutiesStart, *, started: float, lag: int):
         """`started`: the job's start (time.time()); `lag`: steps a stop takes to be agreed (1 under torchrun).
         A stop's save may take longer than the duties time (with background writes they time a host copy, while a
         stop waits for whole writes): the run state's save_cost (Checkpointer.stop_cost) says how much."""

@@ -42,7 +42,7 @@ _P = "runner/watchdog/"
 _RETIRED = "retired"  # the heartbeat of a rank whose run ended (it may exit before the others)
 
 
-class Board:
+class JobBoard:
     """Heartbeats, failures and the verdict, under one prefix of the job's store (it answers during a hang)."""
 
     def __init__(self, store, rank: int, world: int):
@@ -132,10 +132,10 @@ class Board:
         return self.verdict()
 
 
-def job_board(dist: Dist) -> Board | None:
-    """The Board of this job's process group, or None in a single process."""
+def job_board(dist: Dist) -> JobBoard | None:
+    """The JobBoard of this job's process group, or None in a single process."""
     store = distributed.job_store()
-    return None if store is None else Board(store, dist.rank, dist.world_size)
+    return None if store is None else JobBoard(store, dist.rank, dist.world_size)
 
 
 def relay_failure(error: BaseException) -> None:
@@ -143,7 +143,7 @@ def relay_failure(error: BaseException) -> None:
     store = distributed.job_store()
     if store is None or isinstance(error, (Preempted, Hung, KeyboardInterrupt, SystemExit)):
         return
-    board = Board(store, *distributed.rank_and_world())
+    board = JobBoard(store, *distributed.rank_and_world())
     code, line = describe(error)
     try:
         if board.rank == 0:
@@ -166,7 +166,7 @@ def relay_failure(error: BaseException) -> None:
 class Watchdog(Hook):
     """Ends a job whose optimizer steps stopped, and relays the failures of other ranks (see the module)."""
 
-    def __init__(self, timeout: float, out: Path, dist: Dist, board: Board | None, status=None, *,
+    def __init__(self, timeout: float, out: Path, dist: Dist, board: JobBoard | None, status=None, *,
                  tick: float = TICK, setup_allowance: float = SETUP_ALLOWANCE, compiled_eval: bool = False):
         """`timeout`: seconds, -1 auto, 0 off (the thread then only relays failures); `status`: RunStatus;
         `compiled_eval`: MODEL.COMPILE (the first evaluation batch compiles: the set-up allowance)."""
@@ -191,7 +191,7 @@ class Watchdog(Hook):
     # ---- the loop's side: plain stores, no tensor read ---------------------------------------------------
     def share(self, run: RunState) -> None:
         """Offer the clock evaluation passes tick (a stalled batch hangs) and the pause of waits for a write."""
-        run.progress, run.hold = self.progress, partial(held, self)
+        run.progress, run.hold = self.progress, partial(paused_while_waiting, self)
 
     def after_step(self, trainer) -> None:
         """Progress; the hooks that follow (a checkpoint) are paused until the resumer runs."""
@@ -415,7 +415,7 @@ class Watchdog(Hook):
 
 
 @contextlib.contextmanager
-def held(watchdog: Watchdog):
+def paused_while_waiting(watchdog: Watchdog):
     """While the loop's thread waits for a checkpoint being written: paused, as during a save (a rank whose
     heartbeat stops meanwhile is still found); the clock restarts after, unless it was paused already."""
     was = watchdog.paused

@@ -24,8 +24,8 @@ import torch.nn as nn
 from runner import checkpoint
 from runner.distributed import Dist
 from runner.engine.hooks import Checkpointer, Hook, RunState
-from runner.engine.signals import Pause, Preemption, Stamp, StopFlag, TimeLimit
-from runner.engine.watchdog import Watchdog, held
+from runner.engine.signals import DutiesStart, Pause, Preemption, StopFlag, TimeLimit
+from runner.engine.watchdog import Watchdog, paused_while_waiting
 from runner.errors import DataUnavailable, Preempted
 from runner.fsutil import TMP_RE
 from tests.engine.test_loop import ToyLoader, toy
@@ -250,11 +250,11 @@ def test_without_async_the_step_writes_the_file(tmp_path):
 def test_waiting_for_a_write_pauses_the_watchdog(tmp_path):
     dog = Watchdog(60.0, tmp_path, DIST, None)
     dog.last, dog.paused = time.monotonic() - 1000, False  # a wait that took long: not a hang, no step time
-    with held(dog):
+    with paused_while_waiting(dog):
         assert dog.paused
     assert not dog.paused and time.monotonic() - dog.last < 5
     dog.paused = True  # waiting within a save (the checkpointer's own pause): it stays paused
-    with held(dog):
+    with paused_while_waiting(dog):
         pass
     assert dog.paused
 
@@ -264,7 +264,7 @@ def test_the_time_limit_budgets_the_whole_write_a_stop_waits_for(tmp_path):
     toy([ck], epochs=1).train()
     cost = ck.stop_cost()
     assert cost == ck.copy_s + 2 * ck.writer.longest > 0
-    limit = TimeLimit(3600, StopFlag(None), Stamp(), started=time.time(), lag=0)
+    limit = TimeLimit(3600, StopFlag(None), DutiesStart(), started=time.time(), lag=0)
     trainer = SimpleNamespace(step=1, total_steps=1000, steps_per_epoch=100, batch_in_epoch=1,
                               stepper=SimpleNamespace(accum=1), run_state=RunState(save_cost=lambda: 100.0))
     limit.after_step(trainer)

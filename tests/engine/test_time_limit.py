@@ -64,9 +64,9 @@ def test_time_limit_stops_in_time_and_the_rerun_equals_a_run_left_alone(tmp_path
 
 def _limit(seconds: float, started_ago: float):
     """A TimeLimit whose job started `started_ago` seconds ago, single process."""
-    from runner.engine.signals import Stamp, StopFlag, TimeLimit
+    from runner.engine.signals import DutiesStart, StopFlag, TimeLimit
 
-    return TimeLimit(seconds, StopFlag(None), Stamp(), started=time.time() - started_ago, lag=0)
+    return TimeLimit(seconds, StopFlag(None), DutiesStart(), started=time.time() - started_ago, lag=0)
 
 
 def _at_epoch_end(**kw):

@@ -249,9 +249,9 @@ def test_a_rank_has_a_heartbeat_as_soon_as_its_watchdog_starts(tmp_path):
     from torch.distributed import HashStore
 
     from runner.distributed import Dist
-    from runner.engine.watchdog import Board
+    from runner.engine.watchdog import JobBoard
 
-    board = Board(HashStore(), 1, 2)
+    board = JobBoard(HashStore(), 1, 2)
     dog = Watchdog(8, tmp_path, Dist(1, 2, 1, torch.device("cpu")), board, tick=30.0)
     dog.start()
     try:
