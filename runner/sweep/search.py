@@ -130,7 +130,7 @@ def load_search(path: str, extra: list[str] | tuple[str, ...] = (), root: str | 
     return search
 
 
-def fail(sweep: Sweep, message: str) -> UserError:
+def refusal(sweep: Sweep, message: str) -> UserError:
     """A one-line UserError 'sweep FILE: search: message'."""
     return UserError(f"sweep {sweep.path}: search: {message}")
 
@@ -141,12 +141,12 @@ def _section(sweep: Sweep) -> dict[str, Any]:
     if raw is None:
         raise UserError(f"sweep {sweep.path}: no search: section (grid: and points: are run by tools/sweeps/run.sh)")
     if sweep.grid or sweep.points:
-        raise fail(sweep, "a search samples its own points; drop grid:/points: (fixed keys go under set:)")
+        raise refusal(sweep, "a search samples its own points; drop grid:/points: (fixed keys go under set:)")
     if not isinstance(raw, dict):
-        raise fail(sweep, f"must be a mapping of {', '.join(KEYS)}, got {raw!r}")
+        raise refusal(sweep, f"must be a mapping of {', '.join(KEYS)}, got {raw!r}")
     for key in raw:
         if key not in KEYS:
-            raise fail(sweep, f"unknown key {key!r}; search: has {', '.join(KEYS)}")
+            raise refusal(sweep, f"unknown key {key!r}; search: has {', '.join(KEYS)}")
     return raw
 
 
@@ -155,11 +155,11 @@ def _check_extra(sweep: Sweep, extra: tuple[str, ...], space: Any) -> None:
     for i in range(0, len(extra), 2):
         key = extra[i]
         if key.startswith("-") or i + 1 == len(extra):
-            raise fail(sweep, f"{key}: after the sweep file come KEY VALUE pairs")
+            raise refusal(sweep, f"{key}: after the sweep file come KEY VALUE pairs")
         if key == "OUTPUT_DIR":
-            raise fail(sweep, "OUTPUT_DIR is the search's (trial N trains in ROOT/trial_N); give root: instead")
+            raise refusal(sweep, "OUTPUT_DIR is the search's (trial N trains in ROOT/trial_N); give root: instead")
         if isinstance(space, dict) and key in space:
-            raise fail(sweep, f"{key} is searched (space:); drop it from the arguments")
+            raise refusal(sweep, f"{key} is searched (space:); drop it from the arguments")
 
 
 def _base_config(sweep: Sweep, extra: tuple[str, ...], root: str) -> Any:
@@ -170,7 +170,7 @@ def _base_config(sweep: Sweep, extra: tuple[str, ...], root: str) -> Any:
     try:
         return load_config(argv)[0]
     except UserError as e:
-        raise fail(sweep, f"the config without the space: {one_line(str(e))}") from None
+        raise refusal(sweep, f"the config without the space: {one_line(str(e))}") from None
 
 
 def _shared(cfg: Any) -> dict[str, str]:
@@ -181,7 +181,7 @@ def _shared(cfg: Any) -> dict[str, str]:
 def _space(sweep: Sweep, raw: Any, cfg: Any) -> dict[str, Dim]:
     """`space:` checked: config keys, one kind each, ranges and choices of the key's type."""
     if not isinstance(raw, dict) or not raw:
-        raise fail(sweep, "space: give KEY: {log|uniform|int: [lo, hi]} or {choice: [...]}, e.g. "
+        raise refusal(sweep, "space: give KEY: {log|uniform|int: [lo, hi]} or {choice: [...]}, e.g. "
                           "space: {TRAIN.LR: {log: [1.0e-5, 1.0]}}")
     return {key: _dim(sweep, key, spec, cfg) for key, spec in raw.items()}
 
@@ -190,11 +190,12 @@ def _dim(sweep: Sweep, key: Any, spec: Any, cfg: Any) -> Dim:
     """One key of the space."""
     default = _config_key(sweep, key)
     if key in ("TRAIN.EPOCHS", "TRAIN.MAX_STEPS"):
-        raise fail(sweep, f"space: {key} sets the trials' length, which the rungs are made of; it cannot be searched")
+        raise refusal(sweep, f"space: {key} sets the trials' length, which the rungs are made of; it cannot be "
+                             "searched")
     if key in sweep.fixed:
-        raise fail(sweep, f"space: {key} is also in set:; give each key in one place")
+        raise refusal(sweep, f"space: {key} is also in set:; give each key in one place")
     if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in KINDS:
-        raise fail(sweep, f"space: {key}: give one of {{log: [lo, hi]}}, {{uniform: [lo, hi]}}, {{int: [lo, hi]}}, "
+        raise refusal(sweep, f"space: {key}: give one of {{log: [lo, hi]}}, {{uniform: [lo, hi]}}, {{int: [lo, hi]}}, "
                           f"{{choice: [...]}}, got {spec!r}")
     kind, args = next(iter(spec.items()))
     if kind == "choice":
@@ -208,10 +209,10 @@ def _config_key(sweep: Sweep, key: Any) -> Any:
 
     default = lookup(key) if isinstance(key, str) else ABSENT
     if key == "OUTPUT_DIR":
-        raise fail(sweep, "space: OUTPUT_DIR is the search's (trial N trains in ROOT/trial_N)")
+        raise refusal(sweep, "space: OUTPUT_DIR is the search's (trial N trains in ROOT/trial_N)")
     if default is ABSENT or isinstance(default, dict):
         hint = suggest_key(key) if isinstance(key, str) and default is ABSENT else " (a section, not a key)"
-        raise fail(sweep, f"space: unknown config key {key}{hint}")
+        raise refusal(sweep, f"space: unknown config key {key}{hint}")
     return default
 
 
@@ -221,33 +222,34 @@ def _range(sweep: Sweep, key: str, kind: str, args: Any, default: Any) -> tuple:
     allowed = ("int", "log") if whole_key else ("log", "uniform", "int") if isinstance(default, float) else ()
     if kind not in allowed:
         what = f"takes {' or '.join(allowed)} ranges" if allowed else "is not a number: give {choice: [...]}"
-        raise fail(sweep, f"space: {key} ({type(default).__name__}, default {inline_yaml(default)}) {what}, not {kind}")
+        raise refusal(sweep, f"space: {key} ({type(default).__name__}, default {inline_yaml(default)}) {what}, "
+                             f"not {kind}")
     if isinstance(args, list):
         args = [float(x) if isinstance(x, str) and EXPONENT.fullmatch(x) else x for x in args]
     if not isinstance(args, list) or len(args) != 2 or not all(_is_number(x) for x in args):
-        raise fail(sweep, f"space: {key}: {kind}: give [lo, hi], two numbers, got {args!r}")
+        raise refusal(sweep, f"space: {key}: {kind}: give [lo, hi], two numbers, got {args!r}")
     lo, hi = args
     if (kind == "int" or whole_key) and not all(isinstance(x, int) for x in args):
-        raise fail(sweep, f"space: {key}: {kind}: [lo, hi] must be whole numbers here, got {args!r}")
+        raise refusal(sweep, f"space: {key}: {kind}: [lo, hi] must be whole numbers here, got {args!r}")
     if not lo < hi:
-        raise fail(sweep, f"space: {key}: {kind}: lo must be below hi, got [{lo}, {hi}]")
+        raise refusal(sweep, f"space: {key}: {kind}: lo must be below hi, got [{lo}, {hi}]")
     if kind == "log" and lo <= 0:
-        raise fail(sweep, f"space: {key}: log: lo must be above 0 (a log range), got {lo}")
+        raise refusal(sweep, f"space: {key}: log: lo must be above 0 (a log range), got {lo}")
     return (lo, hi) if kind == "int" or whole_key else (float(lo), float(hi))
 
 
 def _choices(sweep: Sweep, key: str, args: Any, default: Any) -> tuple:
     """The values of a choice, each coerced to the key's type, each once."""
     if not isinstance(args, list) or not args:
-        raise fail(sweep, f"space: {key}: choice: give a non-empty list of values, got {args!r}")
+        raise refusal(sweep, f"space: {key}: choice: give a non-empty list of values, got {args!r}")
     values = []
     for value in args:
         try:
             values.append(coerce_value(key, value, default, where="search: space"))
         except UserError as e:
-            raise fail(sweep, f"space: {key}: choice: {one_line(str(e))}") from None
+            raise refusal(sweep, f"space: {key}: choice: {one_line(str(e))}") from None
     if len({repr(v) for v in values}) != len(values):
-        raise fail(sweep, f"space: {key}: choice lists the same value twice: {args!r}")
+        raise refusal(sweep, f"space: {key}: choice lists the same value twice: {args!r}")
     return tuple(values)
 
 
@@ -257,7 +259,7 @@ def _metric(sweep: Sweep, raw: dict[str, Any], cfg: Any) -> tuple[str, str]:
     metric = raw.get("metric", "val/top1")
     if metric not in known:
         ema = "" if cfg.TRAIN.EMA else f" ({', '.join(EMA_METRICS)} with TRAIN.EMA true)"
-        raise fail(sweep, f"metric {metric!r} is not logged at an evaluation; give one of {', '.join(known)}{ema}")
+        raise refusal(sweep, f"metric {metric!r} is not logged at an evaluation; give one of {', '.join(known)}{ema}")
     return metric, _choice(sweep, "mode", raw.get("mode", known[metric]), ("max", "min"))
 
 
@@ -265,22 +267,22 @@ def _asha(sweep: Sweep, raw: Any, cfg: Any) -> tuple[int, int, tuple[int, ...]]:
     """(eta, min_epochs, rungs); without asha: every trial trains to TRAIN.EPOCHS (one rung)."""
     epochs = cfg.TRAIN.EPOCHS
     if cfg.TRAIN.EARLY_STOP_PATIENCE:  # a trial stopped before its rung would have no value there
-        raise fail(sweep, "a trial's metric is read at its rungs (the last: TRAIN.EPOCHS), and "
+        raise refusal(sweep, "a trial's metric is read at its rungs (the last: TRAIN.EPOCHS), and "
                           "TRAIN.EARLY_STOP_PATIENCE would end trials before them; drop it (asha: stops the bad ones)")
     if raw is None:
         return 3, epochs, (epochs,)
     if not isinstance(raw, dict) or set(raw) - {"eta", "min_epochs"}:
-        raise fail(sweep, f"asha: give {{eta: 3, min_epochs: E}}, got {raw!r}")
+        raise refusal(sweep, f"asha: give {{eta: 3, min_epochs: E}}, got {raw!r}")
     eta = _whole(sweep, "asha: eta", raw.get("eta", 3), 2)
     min_epochs = _whole(sweep, "asha: min_epochs", raw.get("min_epochs", 1), 1)
     if min_epochs > epochs:
-        raise fail(sweep, f"asha: min_epochs {min_epochs} is above TRAIN.EPOCHS {epochs} (the full length)")
+        raise refusal(sweep, f"asha: min_epochs {min_epochs} is above TRAIN.EPOCHS {epochs} (the full length)")
     if cfg.TRAIN.MAX_STEPS:
-        raise fail(sweep, "asha: rungs are epochs, and TRAIN.MAX_STEPS would end the trials elsewhere; drop it")
+        raise refusal(sweep, "asha: rungs are epochs, and TRAIN.MAX_STEPS would end the trials elsewhere; drop it")
     rungs = rung_list(min_epochs, eta, epochs)
     early = [r for r in rungs[:-1] if r % cfg.EVAL.PERIOD]
     if early:
-        raise fail(sweep, f"asha: the rung at epoch {early[0]} has no evaluation with EVAL.PERIOD "
+        raise refusal(sweep, f"asha: the rung at epoch {early[0]} has no evaluation with EVAL.PERIOD "
                           f"{cfg.EVAL.PERIOD} (rungs {list(rungs)}); set EVAL.PERIOD 1")
     return eta, min_epochs, rungs
 
@@ -290,12 +292,12 @@ def _trials(sweep: Sweep, raw: Any, sampler: str, space: dict[str, Dim]) -> int:
     size = grid_size(space) if sampler == "grid" else None
     if sampler == "grid" and size is None:
         key = next(k for k, d in space.items() if d.kind in ("log", "uniform"))
-        raise fail(sweep, f"sampler grid takes choice and int ranges only; {key} is a {space[key].kind} range")
+        raise refusal(sweep, f"sampler grid takes choice and int ranges only; {key} is a {space[key].kind} range")
     if raw is None and size is None:
-        raise fail(sweep, "trials: give the number of trials, e.g. trials: 20")
+        raise refusal(sweep, "trials: give the number of trials, e.g. trials: 20")
     trials = size if raw is None else _whole(sweep, "trials", raw, 1)
     if size is not None and trials > size:
-        raise fail(sweep, f"trials {trials} is more than the grid's {size} points")
+        raise refusal(sweep, f"trials {trials} is more than the grid's {size} points")
     return trials
 
 
@@ -310,7 +312,7 @@ def _check_reach(sweep: Sweep, trials: int, eta: int, rungs: tuple[int, ...], ne
     fewer = next(m for m in range(rungs[0], rungs[-1] + 1) if len(rung_list(m, eta, rungs[-1])) <= fits + 1)
     other = (f"asha: {{eta: {eta}, min_epochs: {fewer}}} (rungs {list(rung_list(fewer, eta, rungs[-1]))})"
              if fits else f"drop asha: (every trial trains to epoch {rungs[-1]})")
-    raise fail(sweep, f"trials {trials} may end with no trial at the full length: a rung promotes its top 1/{eta}, "
+    raise refusal(sweep, f"trials {trials} may end with no trial at the full length: a rung promotes its top 1/{eta}, "
                       f"so one reaches epoch {rungs[-1]} (rungs {list(rungs)}) for sure only from {need} "
                       f"trials on; give trials: {need}, or {other}")
 
@@ -336,7 +338,7 @@ def _check_ends(search: Search) -> None:
             try:
                 load_config(search.argv(params, search.trial_dir(0)))
             except UserError as e:
-                raise fail(search.sweep, f"space: {key} = {inline_yaml(end)}: {one_line(str(e))}") from None
+                raise refusal(search.sweep, f"space: {key} = {inline_yaml(end)}: {one_line(str(e))}") from None
 
 
 def stored(dim: Dim, value: Any) -> Any:
@@ -359,7 +361,7 @@ def _is_list_key(dim: Dim) -> bool:
 def _choice(sweep: Sweep, name: str, value: Any, allowed: tuple[str, ...]) -> str:
     """A setting that is one of `allowed`."""
     if value not in allowed:
-        raise fail(sweep, f"{name} {value!r}: give one of {', '.join(allowed)}")
+        raise refusal(sweep, f"{name} {value!r}: give one of {', '.join(allowed)}")
     return value
 
 
@@ -369,14 +371,14 @@ def _seed(sweep: Sweep, value: Any) -> int | None:
         return None
     seed = _whole(sweep, "seed", value, 0)
     if seed > SEED_MAX:  # numpy's RandomState, which Optuna's samplers use, takes 0 to 2**32 - 1
-        raise fail(sweep, f"seed {seed} is above {SEED_MAX} (2**32 - 1, the largest seed the samplers take)")
+        raise refusal(sweep, f"seed {seed} is above {SEED_MAX} (2**32 - 1, the largest seed the samplers take)")
     return seed
 
 
 def _whole(sweep: Sweep, name: str, value: Any, least: int) -> int:
     """A whole-number setting of at least `least`."""
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise fail(sweep, f"{name} must be a whole number of at least {least}, got {value!r}")
+        raise refusal(sweep, f"{name} must be a whole number of at least {least}, got {value!r}")
     return value
 
 

@@ -123,7 +123,7 @@ class _Reader:
         self.sections: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         self.mappings: dict[int, dict[str, tuple[yaml.Node, yaml.Node]]] = {}
 
-    def fail(self, node: yaml.Node | None, message: str) -> UserError:
+    def refusal(self, node: yaml.Node | None, message: str) -> UserError:
         """A UserError 'sweep PATH:LINE: message' (no line without a node)."""
         line = f":{node.start_mark.line + 1}" if node is not None else ""
         return UserError(f"sweep {self.path}{line}: {message}")
@@ -132,12 +132,12 @@ class _Reader:
         """The whole file: its sections, checked."""
         top = self.loader.get_single_node()
         if top is None:
-            raise self.fail(None, "the file is empty; give cfg: and grid: or points: (see docs/SWEEPS.md)")
+            raise self.refusal(None, "the file is empty; give cfg: and grid: or points: (see docs/SWEEPS.md)")
         self.refuse_tags(top)
         self.sections = self.mapping(top, "the top level")
         for name, (knode, _) in self.sections.items():
             if name not in SECTIONS:
-                raise self.fail(knode, f"unknown section {name!r}; a sweep file has {', '.join(SECTIONS)}")
+                raise self.refusal(knode, f"unknown section {name!r}; a sweep file has {', '.join(SECTIONS)}")
         self.import_components()
         fixed, grid, points = self.values("set", self.section("set")), self.grid(), self.points()
         self.refuse_shared_keys(fixed, grid, points)
@@ -169,7 +169,7 @@ class _Reader:
             return
         seen.add(id(node))
         if not node.tag.startswith("tag:yaml.org,2002:") or node.tag.startswith("tag:yaml.org,2002:python/"):
-            raise self.fail(node, f"YAML tag {node.tag} is refused: a sweep file holds plain values only")
+            raise self.refusal(node, f"YAML tag {node.tag} is refused: a sweep file holds plain values only")
         children = node.value if isinstance(node, yaml.SequenceNode) else (
             [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
         for child in children:
@@ -178,7 +178,7 @@ class _Reader:
     def mapping(self, node: yaml.Node, what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
         """key -> (key node, value node) of a mapping (merge keys applied), refusing repeated and non-text keys."""
         if not isinstance(node, yaml.MappingNode):
-            raise self.fail(node, f"{what} must be a mapping of KEY: value, got {_kind(node)}")
+            raise self.refusal(node, f"{what} must be a mapping of KEY: value, got {_kind(node)}")
         if id(node) in self.mappings:  # an alias of a mapping read before: its merge keys are already applied
             return self.mappings[id(node)]
         own = [k for k, _ in node.value if k.tag != _MERGE_TAG]
@@ -187,9 +187,9 @@ class _Reader:
         for knode, vnode in node.value:
             key = self.loader.construct_object(knode)
             if not isinstance(key, str):
-                raise self.fail(knode, f"{what}: a key must be text, got {key!r}")
+                raise self.refusal(knode, f"{what}: a key must be text, got {key!r}")
             if knode in own and key in out and out[key][0] in own:
-                raise self.fail(knode, f"{what}: {key} is given twice (first at line "
+                raise self.refusal(knode, f"{what}: {key} is given twice (first at line "
                                        f"{out[key][0].start_mark.line + 1})")
             out[key] = (knode, vnode)
         self.mappings[id(node)] = out
@@ -209,7 +209,7 @@ class _Reader:
         line = node.start_mark.line + 1
         if has_expression(value):
             if section != "set":  # a point's folder is named after its values: they are written out
-                raise self.fail(node, f"{section}: {key}: ${{...}} belongs in set: (a swept value names its "
+                raise self.refusal(node, f"{section}: {key}: ${{...}} belongs in set: (a swept value names its "
                                       "point's folder, so it is written out; write $${ for a literal ${)")
             return Value(value, token_for(value, raw), line)  # resolved per point, by load_config
         try:
@@ -221,14 +221,14 @@ class _Reader:
     def config_key(self, section: str, key: str, knode: yaml.Node) -> Any:
         """The default of config key `key`; a UserError when it is not one a sweep may set."""
         if key == "OUTPUT_DIR":
-            raise self.fail(knode, f"{section}: OUTPUT_DIR is the sweep's (each point trains in ROOT/NAME); "
+            raise self.refusal(knode, f"{section}: OUTPUT_DIR is the sweep's (each point trains in ROOT/NAME); "
                                    "give root: instead")
         default = lookup(key)
         if isinstance(default, CN):
-            raise self.fail(knode, f"{section}: {key} is a section, not a key: write dotted keys, e.g. "
+            raise self.refusal(knode, f"{section}: {key} is a section, not a key: write dotted keys, e.g. "
                                    f"{key}.{next(iter(default))}: ...")
         if default is ABSENT:
-            raise self.fail(knode, f"{section}: unknown config key {key}{suggest_key(key)}")
+            raise self.refusal(knode, f"{section}: unknown config key {key}{suggest_key(key)}")
         return default
 
     def grid(self) -> dict[str, tuple[Value, ...]]:
@@ -236,10 +236,10 @@ class _Reader:
         node, out = self.section("grid"), {}
         for key, (k, v) in ({} if node is None else self.mapping(node, "grid")).items():
             if not isinstance(v, yaml.SequenceNode):
-                raise self.fail(v, f"grid: {key} must be a list of values, e.g. {key}: [a, b] (one value: "
+                raise self.refusal(v, f"grid: {key} must be a list of values, e.g. {key}: [a, b] (one value: "
                                    "put it under set:)")
             if not v.value:
-                raise self.fail(v, f"grid: {key} has an empty list: give it at least one value")
+                raise self.refusal(v, f"grid: {key} has an empty list: give it at least one value")
             values = tuple(self.value("grid", key, k, item) for item in v.value)
             self.refuse_repeats([repr(x.value) for x in values], v.value, f"grid: {key} lists the same value")
             out[key] = values
@@ -251,11 +251,11 @@ class _Reader:
         if node is None:
             return ()
         if not isinstance(node, yaml.SequenceNode) or not node.value:
-            raise self.fail(node, "points: must be a non-empty list of KEY: value maps, e.g. "
+            raise self.refusal(node, "points: must be a non-empty list of KEY: value maps, e.g. "
                                   "points: [{TRAIN.LR: 0.1}, {TRAIN.LR: 0.01, MODEL.NAME: resnet10t}]")
         for item in node.value:
             if not isinstance(item, yaml.MappingNode):
-                raise self.fail(item, f"points: each point must be a mapping of KEY: value, got {_kind(item)}")
+                raise self.refusal(item, f"points: each point must be a mapping of KEY: value, got {_kind(item)}")
         points = tuple(self.values("points", item) for item in node.value)
         identities = [repr(sorted((k, repr(v.value)) for k, v in p.items())) for p in points]
         self.refuse_repeats(identities, node.value, "points: the list holds the same point")
@@ -266,7 +266,7 @@ class _Reader:
         first: dict[str, yaml.Node] = {}
         for ident, node in zip(identities, nodes, strict=True):
             if ident in first:
-                raise self.fail(node, f"{what} twice (lines {first[ident].start_mark.line + 1} and "
+                raise self.refusal(node, f"{what} twice (lines {first[ident].start_mark.line + 1} and "
                                       f"{node.start_mark.line + 1}): two points would train in one folder")
             first[ident] = node
 
@@ -277,7 +277,7 @@ class _Reader:
                            ("grid", "points", set(grid) & pointed)):
             if keys:
                 key = sorted(keys)[0]
-                raise self.fail(self.sections[b][0], f"{key} is in {a}: and in {b}: give each key in one place "
+                raise self.refusal(self.sections[b][0], f"{key} is in {a}: and in {b}: give each key in one place "
                                                 "(set: fixes it for every point; grid: and points: sweep it)")
 
     def cfg_files(self) -> tuple[str, ...]:
@@ -290,10 +290,10 @@ class _Reader:
         for item in items:
             path = self.loader.construct_object(item)
             if not isinstance(path, str) or not path:
-                raise self.fail(item, f"cfg: give a config file path (or a list of them), got {_kind(item)}")
+                raise self.refusal(item, f"cfg: give a config file path (or a list of them), got {_kind(item)}")
             files.append(self.relative(path))
             if not os.path.isfile(files[-1]):
-                raise self.fail(item, f"cfg: config file {files[-1]} not found (relative paths are relative to "
+                raise self.refusal(item, f"cfg: config file {files[-1]} not found (relative paths are relative to "
                                       "the sweep file's folder)")
         return tuple(files)
 
@@ -304,7 +304,7 @@ class _Reader:
             return os.path.join("output", "sweeps", os.path.splitext(os.path.basename(self.path))[0])
         path = self.loader.construct_object(node)
         if not isinstance(path, str) or not path.strip():
-            raise self.fail(node, f"root: give a folder path, got {_kind(node)}")
+            raise self.refusal(node, f"root: give a folder path, got {_kind(node)}")
         return self.relative(path)
 
     def relative(self, path: str) -> str:

@@ -29,7 +29,7 @@ from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, Jour
 from optuna.trial import TrialState
 
 from runner.errors import UserError
-from runner.sweep.search import Search, fail, stored
+from runner.sweep.search import Search, refusal, stored
 
 JOURNAL = "study.journal"
 SETTINGS = "settings"  # the study user attr holding Search.settings()
@@ -145,7 +145,7 @@ def open_study(search: Search, create: bool = True) -> optuna.Study | None:
     names = [s.study_name for s in storage.get_all_studies()]
     name = study_name(search)
     if names and name not in names:
-        raise fail(search.sweep, f"{path} holds the study {names[0]!r}, not {name!r} (was the sweep file renamed?); "
+        raise refusal(search.sweep, f"{path} holds the study {names[0]!r}, not {name!r} (was the sweep file renamed?); "
                                  "give root: another folder for a new study")
     if name not in names and not create:
         return None
@@ -243,7 +243,7 @@ class _Journal(BaseJournalBackend):
 
     def damaged(self, line: int, what: str) -> UserError:
         """The one line for a damaged journal line."""
-        return fail(self.search.sweep, f"{self.path} line {line} {what}, damaged by a crash or an edit: delete that "
+        return refusal(self.search.sweep, f"{self.path} line {line} {what}, damaged by a crash or an edit: delete that "
                                        f"line (sed -i '{line}d' {self.path}) to keep the rest of the study, or give "
                                        "root: another folder for a new study")
 
