@@ -67,7 +67,7 @@ LAYERS = [
      "runner.sinks", "runner.weights"],
     ["runner.data", "runner.preflight"],
     ["runner.engine"],
-    ["runner.bench", "runner.sweep", "runner.weights.export"],
+    ["runner.bench", "runner.sweep", "runner.export"],
 ]
 
 

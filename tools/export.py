@@ -30,7 +30,7 @@ from runner.errors import argument_error, cli
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
-    from runner.weights.export import FORMATS
+    from runner.export import FORMATS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", metavar="RUN_DIR_OR_CHECKPOINT", help="a run folder or a checkpoint .pth file")
@@ -48,8 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Export, verify, and print where the export is and how it compared with the checkpoint."""
     args = parse_args(argv)
+    from runner.export import ExportFailed, export, report
     from runner.sinks import setup_logging
-    from runner.weights.export import ExportFailed, export, report
 
     setup_logging(None, 0)
     try:

@@ -1,9 +1,9 @@
-"""Weights in and out: pretrained weights from the Hugging Face Hub, and a run's weights exported.
+"""Weights in: pretrained weights from the Hugging Face Hub, files of weights, "auto" preprocessing (a run's weights
+go out through runner.export, a layer above: it reads the model and validation data).
 
 Modules, in import order:
     hub       timm's pretrained weights through huggingface_hub: the cache, one download per node, the offline
               message, provenance (repo, revision, sha256)
     files     weights from a file (a runner checkpoint, a state_dict, .safetensors) checked against a model
-    export    tools/export.py: a checkpoint as a Hugging Face folder (timm's local-dir:), safetensors, ONNX or a
-              torch.export program, each verified against the checkpoint on validation images
+    preprocess   "auto" DATA.MEAN, DATA.STD, AUG.INTERPOLATION and EVAL.CROP_PCT from the weights' pretrained config
 """

@@ -16,14 +16,14 @@ from PIL import Image
 from safetensors.torch import load_file
 from timm.data import create_transform, resolve_data_config
 
+from runner import export as lib
 from runner.checkpoint import load_file as load_checkpoint
 from runner.config import config_from_yaml_text
 from runner.data.folder.dataset import timm_transform
-from runner.weights import export as lib
 from runner.weights.preprocess import resolve
 from tests.utils import env, give_back_loggers, logger_state
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # test_resnet on the digits for one epoch (22 steps, ~5 s); EMA decay 0.9 so the EMA differs from the raw weights
 TRAIN = ["--cfg", "configs/digits/test_resnet.yaml", "TRAIN.EPOCHS", "1", "TRAIN.EMA", "true", "TRAIN.EMA_DECAY",
          "0.9", "DATA.NUM_WORKERS", "0", "LOG.TENSORBOARD", "false"]
