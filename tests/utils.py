@@ -176,7 +176,8 @@ def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, what: str, tim
 def merge_pairs(cfg, pairs: list) -> None:
     """yacs's merge_from_list with the runner's own reading of each value (KEY VALUE, a value as text or as
     Python): "auto" keys (DATA.MEAN, ...) take a list as the command line does, where yacs would refuse its type."""
-    from runner.config.schema import coerce_value, lookup, set_value
+    from runner.config.keypath import lookup, set_value
+    from runner.config.schema import coerce_value
 
     for key, value in zip(pairs[::2], pairs[1::2], strict=True):
         raw = value if isinstance(value, str) else None

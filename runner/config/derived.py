@@ -1,7 +1,7 @@
 """What a config value means at run time, read by the parts that use it (torch-free, no config import):
 TRAIN.TIME_LIMIT in seconds, the training image size of an epoch, the direction of CHECKPOINT.BEST_METRIC.
 
-validation.py checks with these as well (a TIME_LIMIT that parses); schema.py re-exports them for callers of old.
+validation.py checks with these as well (a TIME_LIMIT that parses).
 """
 from __future__ import annotations
 

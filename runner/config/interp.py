@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 from yacs.config import CfgNode as CN
 
-from runner.config.schema import ABSENT, coerce_value, get_value, inline_yaml, lookup, set_value
+from runner.config.keypath import ABSENT, get_value, inline_yaml, lookup, set_value
+from runner.config.schema import coerce_value
 from runner.errors import UserError
 
 # runner/rundir/layout.py's CONFIG (that layer sits above config/; tests/config/test_interp.py checks they agree)

@@ -12,7 +12,7 @@ from yacs.config import CfgNode as CN
 
 from runner.config.compare import flatten
 from runner.config.defaults import _C, get_default_config
-from runner.config.schema import inline_yaml, lookup
+from runner.config.keypath import inline_yaml, lookup
 from runner.errors import UserError
 from runner.keys import DECLARED
 

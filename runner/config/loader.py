@@ -19,18 +19,11 @@ from runner.config.defaults import _C, get_default_config
 from runner.config.dump import dump_config
 from runner.config.interp import STORED_CONFIG, Resolved, resolve, unescape, yaml_scalar
 from runner.config.key_help import help_keys_text, suggest_key
+from runner.config.keypath import get_value, inline_yaml, lookup, set_value
 from runner.config.merge import apply_entries, chain_text, import_components, import_early
 from runner.config.output_dir import default_output_dir
 from runner.config.safe_yaml import Entry, parse_yaml
-from runner.config.schema import (
-    COMMAND_LINE,
-    coerce_value,
-    expand_paths,
-    get_value,
-    inline_yaml,
-    lookup,
-    set_value,
-)
+from runner.config.schema import COMMAND_LINE, coerce_value, expand_paths
 from runner.config.validation import validate
 from runner.errors import UserError, argument_error
 

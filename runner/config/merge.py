@@ -10,8 +10,9 @@ from runner.config.defaults import get_default_config, refuse_unplaced
 from runner.config.imports import import_user_code
 from runner.config.interp import has_expression, unescape
 from runner.config.key_help import suggest_key
+from runner.config.keypath import ABSENT, lookup, set_value
 from runner.config.safe_yaml import Entry, parse_yaml
-from runner.config.schema import ABSENT, coerce_value, expand_paths, lookup, set_value, type_words
+from runner.config.schema import coerce_value, expand_paths, type_words
 from runner.config.validation import validate
 from runner.errors import UserError
 

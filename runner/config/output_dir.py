@@ -8,7 +8,8 @@ from typing import Any
 
 from runner.config.compare import flatten
 from runner.config.defaults import _C
-from runner.config.schema import RESUME_SAFE_KEYS, inline_yaml
+from runner.config.keypath import inline_yaml
+from runner.config.schema import RESUME_SAFE_KEYS
 
 # how long a run trains: resume-safe, yet part of the default OUTPUT_DIR's name (and of TensorBoard's HParams)
 RUN_LENGTH_KEYS = ("TRAIN.EPOCHS", "TRAIN.MAX_STEPS")

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from yacs.config import CfgNode as CN
 
-from runner.config.schema import lookup
+from runner.config.keypath import lookup
 from runner.errors import UserError
 
 _MAX_YAML_DEPTH = 32  # a config is sections of keys with short lists; PyYAML's composer recurses per level

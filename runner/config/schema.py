@@ -2,7 +2,8 @@
 
 A key declared by a component (runner.keys: a schedule's, a source's, a sink's knob) brings its own rule and
 choices; `rules()` and `enums()` add them to _RULES and ENUMS when asked. What a value means at run time
-(seconds of TRAIN.TIME_LIMIT, an epoch's image size, the best metric's direction) is derived.py's.
+(seconds of TRAIN.TIME_LIMIT, an epoch's image size, the best metric's direction) is derived.py's; dotted
+keys (lookup, get_value, set_value) are keypath.py's.
 
 Values (from files and from the command line alike) are read as YAML and then fitted to the default's type:
   float key: ints and numeric text too (YAML 1.1 reads `1e-3` as text); nan/inf refused
@@ -20,59 +21,13 @@ import re
 from collections.abc import Set
 from typing import Any
 
-import yaml
 from yacs.config import CfgNode as CN
 
 from runner.config.defaults import _C
-
-# run-time helpers live in derived.py; best_mode and train_img_size are re-exported for engine/best.py,
-# data/resize.py and sweep/summary.py, which import them from here
-from runner.config.derived import best_mode, parse_time_limit, train_img_size  # noqa: F401
+from runner.config.keypath import ABSENT, get_value, inline_yaml, lookup, set_value
 from runner.errors import UserError
 from runner.keys import DECLARED, Rule
 from runner.optim import SCHEDULES
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Dotted keys and how values read in messages
-# ---------------------------------------------------------------------------------------------------------
-class _Absent:
-    """Marker for 'no such key' / 'does not convert' (None is a legitimate value)."""
-
-
-ABSENT = _Absent()
-
-
-def lookup(key: str, node: CN = _C) -> Any:
-    """The default for a dotted key, a CfgNode for a section, or ABSENT."""
-    for part in key.split("."):
-        if not isinstance(node, CN) or part not in node:
-            return ABSENT
-        node = node[part]
-    return node
-
-
-def get_value(cfg: CN, key: str) -> Any:
-    """The value of a dotted key."""
-    return lookup(key, cfg)
-
-
-def set_value(cfg: CN, key: str, value: Any) -> None:
-    """Set a dotted key on an unfrozen config."""
-    *sections, leaf = key.split(".")
-    node = cfg
-    for part in sections:
-        node = node[part]
-    node[leaf] = value
-
-
-def inline_yaml(value: Any) -> str:
-    """A value written as YAML would write it inline (true, 0.05, [1, 2], '')."""
-    if isinstance(value, tuple):
-        value = list(value)
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
-    return text[:-3].strip() if text.endswith("\n...") or text.endswith("...") else text
-
 
 # ---------------------------------------------------------------------------------------------------------
 # What each key accepts

@@ -11,6 +11,7 @@ from typing import Any
 from yacs.config import CfgNode as CN
 
 from runner.config.derived import parse_time_limit
+from runner.config.keypath import get_value, inline_yaml
 from runner.config.schema import (
     EMA_METRICS,
     EVAL_METRICS,
@@ -18,8 +19,6 @@ from runner.config.schema import (
     OPTIMIZERS,
     UNSUPPORTED_OPTIMIZERS,
     enums,
-    get_value,
-    inline_yaml,
     is_auto,
     rules,
 )

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from runner.config.schema import train_img_size
+from runner.config.derived import train_img_size
 
 log = logging.getLogger("runner")
 

@@ -23,10 +23,11 @@ import yaml
 
 from runner.config.interp import yaml_scalar
 from runner.config.key_help import suggest_key
+from runner.config.keypath import ABSENT, lookup
 from runner.config.loader import import_config_imports
 from runner.config.output_dir import config_label
 from runner.config.safe_yaml import Entry
-from runner.config.schema import ABSENT, COMMAND_LINE, lookup
+from runner.config.schema import COMMAND_LINE
 from runner.errors import UserError
 from runner.fsutil import atomic_write
 from runner.sweep.points import short_key

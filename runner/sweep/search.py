@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.config import RESUME_SAFE_KEYS, flatten
+from runner.config.keypath import ABSENT, inline_yaml, lookup
 from runner.config.loader import yaml_scalar
-from runner.config.schema import ABSENT, coerce_value, inline_yaml, lookup
+from runner.config.schema import coerce_value
 from runner.errors import UserError, one_line
 from runner.sweep.asha import rungs as rung_list
 from runner.sweep.points import train_argv

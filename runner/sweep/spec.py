@@ -32,9 +32,10 @@ from yacs.config import CfgNode as CN
 
 from runner.config.interp import has_expression, yaml_scalar
 from runner.config.key_help import suggest_key
+from runner.config.keypath import ABSENT, inline_yaml, lookup
 from runner.config.loader import import_config_imports
 from runner.config.safe_yaml import Entry
-from runner.config.schema import ABSENT, coerce_value, inline_yaml, lookup
+from runner.config.schema import coerce_value
 from runner.errors import UserError
 
 SECTIONS = ("cfg", "set", "grid", "points", "root", "search")

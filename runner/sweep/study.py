@@ -171,7 +171,8 @@ def same_setting(key: str, was: str | None, now: str | None, pretrained: bool = 
     """Whether a stored study setting and today's agree: equal, or a config key the runner added since the study
     began (absent then, its default now), or a key whose default became "auto" (its old default then, auto now,
     which a run without pretrained weights resolves to that same value)."""
-    from runner.config.schema import AUTO, AUTO_KEYS, inline_yaml, lookup
+    from runner.config.keypath import inline_yaml, lookup
+    from runner.config.schema import AUTO, AUTO_KEYS
 
     if was == now:
         return True

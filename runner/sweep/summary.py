@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from runner.config import flatten, get_default_config, same_value
-from runner.config.schema import best_mode
+from runner.config.derived import best_mode
 from runner.csvsafe import csv_text
 from runner.rundir import reader
 from runner.rundir.layout import METRICS, RESULTS, RUN_JSON

@@ -12,7 +12,8 @@ from typing import Any
 
 from yacs.config import CfgNode as CN
 
-from runner.config.schema import AUTO_KEYS, coerce_value, get_value, inline_yaml, is_auto, set_value
+from runner.config.keypath import get_value, inline_yaml, set_value
+from runner.config.schema import AUTO_KEYS, coerce_value, is_auto
 
 log = logging.getLogger("runner")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from runner.config import OPTIMIZERS, coerce_value, get_default_config, load_config, validate
-from runner.config.schema import get_value
+from runner.config.keypath import get_value
 from runner.errors import UserError
 
 

@@ -11,7 +11,7 @@ import torch
 
 from runner import preflight
 from runner.config import get_default_config, load_config
-from runner.config.schema import train_img_size
+from runner.config.derived import train_img_size
 from runner.data import sources
 from runner.data.resize import ResizedLoader, resize_batch
 from runner.errors import UserError
