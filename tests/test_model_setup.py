@@ -219,6 +219,18 @@ def test_predict_refuses_weights_of_another_class_count(run: Path, five_classes:
                       "fc.weight [5, 512] vs [10, 512]")
 
 
+def test_a_refusal_after_the_claim_leaves_nothing_running_in_the_process(five_classes: Path, tmp_path: Path,
+                                                                         in_process):
+    """train(cfg) as a library call: weights that do not fit are found after the folder is claimed (the model is
+    built then); the run is recorded failed, and its watchdog thread and run lock go with the refusal (the fixture
+    fails a test whose tool leaves a thread or an open file)."""
+    out = tmp_path / "o"
+    proc = in_process("train.py", [*TINY, "MODEL.NAME", "resnet18", "MODEL.CHECKPOINT", str(five_classes),
+                                   "OUTPUT_DIR", str(out)])
+    assert_user_error(proc, f"MODEL.CHECKPOINT {five_classes} does not fit MODEL.NAME resnet18")
+    assert '"status": "failed"' in (out / "run.json").read_text()
+
+
 def test_training_from_another_class_count_says_what_it_skipped(five_classes: Path, tmp_path: Path):
     out = tmp_path / "o"
     proc = run_tool("train.py", [*TINY, "TRAIN.MAX_STEPS", "1", "MODEL.CHECKPOINT", str(five_classes),

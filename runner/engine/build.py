@@ -360,6 +360,9 @@ def _build_run(cfg, dist: Dist, hparam_keys: list[str] | None, t_start: float, p
     except BaseException as e:
         watchdog.on_exception(trainer, e)  # a collective that timed out in set-up: the hang's one line, exit 76
         status.record_failure(e, "during setup", trainer.step if trainer is not None else 0)
+        if not dist.distributed:  # a library caller lives on (under torchrun the rank relays the failure, then exits)
+            watchdog.stop()
+            lock.release()
         raise
     trainer.on_close += [lock.release, watchdog.stop]
     return trainer
