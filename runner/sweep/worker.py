@@ -160,7 +160,11 @@ def take(search: Search, study: optuna.Study) -> tuple[asha.Job | None, bool]:
         return None, asha.busy(trials, is_live)
     me = Taker(worker_id(), process_start(os.getpid()), str(time.monotonic_ns()))
     path = me.path(search.root)
-    os.mkfifo(path)  # queued: the holder of the lock may decide this worker's job while it waits, and write it here
+    try:
+        os.mkfifo(path)  # queued: the holder of the lock may decide this worker's job while it waits, and write it here
+    except OSError:  # a file system without named pipes (some FUSE mounts): wait for the lock itself, unserved
+        with locked(search.root):
+            return decide(search, study, me)
     reply = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a holder writes only while this end is open (else ENXIO)
     try:
         while True:

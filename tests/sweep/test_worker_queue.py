@@ -87,3 +87,19 @@ def test_a_new_trial_is_one_fsync(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
     job, _ = worker.take(search, study)
     assert job == asha.Job(0, 1, "new") and len(synced) == 1
+
+
+def test_without_named_pipes_a_worker_waits_for_the_lock_itself(tmp_path, monkeypatch):
+    """A ROOT on a file system that refuses mkfifo (some FUSE mounts): take still decides, under the lock."""
+    search = fake_search(tmp_path)
+    with worker.locked(search.root):
+        study = open_study(search)
+
+    def refused(path, *args):
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(worker.os, "mkfifo", refused)
+    first, _ = worker.take(search, study)
+    second, _ = worker.take(search, study)
+    assert (first.number, first.why, second.number, second.why) == (0, "new", 1, "new")
+    assert not (tmp_path / "out" / worker.WAITING).exists() or not list((tmp_path / "out" / worker.WAITING).iterdir())
