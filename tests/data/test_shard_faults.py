@@ -18,6 +18,7 @@ import torch
 
 from runner.config import load_config
 from runner.data.shards import build_shards
+from runner.data.shards.index import classify
 from runner.distributed import Dist
 from runner.errors import one_line
 from tests.data.fixtures import export_digits_jpegs
@@ -256,3 +257,15 @@ def test_a_fault_on_rank_1_under_torchrun_ends_the_job_75_preempted(server, smal
     second = Launch(cmd, tmp_path, "second")
     assert second.finish(180) == 0, second.stderr[-3000:]
     assert json.loads((out / "run.json").read_text())["status"] == "done"
+
+
+def test_a_status_number_inside_a_path_is_no_outage():
+    """pytest's own folders are /tmp/pytest-of-root/pytest-NNN: a run numbered 500-599 made every missing file
+    under them an outage (the failing-pipe test waited 120 s, then exited 75 instead of 2)."""
+    missing = "cat: /tmp/pytest-of-root/pytest-575/shards/train/missing-train-000503.tar: No such file or directory"
+    assert not classify(1, missing).transient
+    assert not classify(1, "cat: shard-500.tar: No such file or directory").transient
+    assert classify(22, "curl: (22) The requested URL returned error: 503").transient
+    assert classify(1, "aws: error: 503 Service Unavailable").transient
+    assert classify(1, "gsutil: HTTP 429 (too many requests)").transient
+    assert not classify(22, "curl: (22) The requested URL returned error: 404").transient

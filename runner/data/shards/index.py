@@ -69,8 +69,11 @@ class Fault(OSError):
 # empty reply, send/receive (reset), HTTP/2 stream
 CURL_TRANSIENT = {5, 6, 7, 16, 18, 28, 35, 52, 55, 56, 92}
 # words of other commands' (pipe:) errors that say the same, and the HTTP statuses that pass (408, 429, 5xx)
+# (a status stands alone: "HTTP 503", "error: 503"; never a piece of a path or a name such as /tmp/pytest-503/ or
+# shard-500.tar, which would make a missing file look like an outage worth waiting DATA.RETRY_S for)
 TRANSIENT_WORDS = re.compile(r"connection refused|connection reset|timed out|temporarily unavailable|"
-                             r"service unavailable|broken pipe|\b(408|429|5\d\d)\b", re.IGNORECASE)
+                             r"service unavailable|broken pipe|(?<![\w/.-])(408|429|5\d\d)(?![\w/.-])",
+                             re.IGNORECASE)
 STALL_S = 60.0  # a read that gets no byte for this long (or DATA.RETRY_S, if less) is a fault: the server hangs
 
 
