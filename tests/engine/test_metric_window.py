@@ -20,10 +20,14 @@ TIMINGS = ("train/img_per_s", "train/data_wait_frac")
 
 
 class Rows:
-    """A stand-in for the sinks: every written row, timings left out."""
+    """A stand-in for the sinks: every written row, timings left out, and the metrics of the run's hparams."""
 
     def __init__(self):
         self.rows: list[dict] = []
+        self.hparam_metrics: dict = {}
+
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        self.hparam_metrics = metrics
 
     def write(self, step: int, epoch: int, scalars: dict) -> None:
         self.rows.append({"step": step, "epoch": epoch, **{k: v for k, v in scalars.items() if k not in TIMINGS}})

@@ -7,7 +7,6 @@ import time
 
 import torch
 
-from runner.distributed import Dist
 from runner.engine.evaluation import Evaluator
 from runner.engine.hooks import Checkpointer, Hook, MetricLogger
 from runner.engine.signals import Pause, Preemption, StopFlag
@@ -15,29 +14,8 @@ from runner.engine.status import RunStatus
 from runner.engine.watchdog import Watchdog
 from tests.engine.test_best import LOSS, Saves, Scripted
 from tests.engine.test_loop import ToyLoader, toy
-
-DIST = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-
-
-class Rows(list):
-    """MetricLogger's sinks: every row written, and the hparams' metrics."""
-
-    hparam_metrics: dict = {}
-
-    def hparams(self, hparams: dict, metrics: dict) -> None:
-        self.hparam_metrics = metrics
-
-    def write(self, step: int, epoch: int, scalars: dict) -> None:
-        self.append({"step": step, **scalars})
-
-    def flush(self) -> None:
-        pass
-
-    def end_progress(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+from tests.engine.test_metric_window import CPU as DIST
+from tests.engine.test_metric_window import Rows
 
 
 class Reads(Hook):
@@ -71,7 +49,7 @@ def test_results_reach_the_checkpointer_the_status_and_a_new_hook_through_the_ru
     assert (results["best/step"], results["best/value"], results["val/top1"]) == (8, 0.4, -0.85)
     assert torch.load(tmp_path / "checkpoints" / "best.pth", weights_only=True)["step"] == 8
     assert reads.seen == [(6, 0.7, 4, False), (12, 0.6, 8, False), (18, 0.85, 8, False)]
-    assert [r["step"] for r in rows if "val/loss" in r] == sorted(LOSS)  # the evaluator writes to the sinks too
+    assert [r["step"] for r in rows.rows if "val/loss" in r] == sorted(LOSS)  # the evaluator writes to the sinks too
     assert rows.hparam_metrics["best/val/loss"] == 0.4  # and RunStatus finds them
 
 
