@@ -94,3 +94,8 @@ def at_least(low: float) -> Rule:
 def above(low: float) -> Rule:
     """The rule: the value is more than `low`."""
     return (lambda x: x > low, f"> {low}")
+
+
+def fraction() -> Rule:
+    """The rule: above 0, at most 1 (a decay factor, a crop's share)."""
+    return (lambda x: 0 < x <= 1, "in (0, 1]")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError
-from runner.keys import DECLARED, Key, above, at_least, declare, owned_by
+from runner.keys import DECLARED, Key, above, at_least, declare, fraction, owned_by
 
 if TYPE_CHECKING:
     import torch
@@ -174,7 +174,7 @@ declare([
         check=above(0)),
     Key("TRAIN.DECAY_RATE", 0.1,
         "step, multistep, plateau: the factor applied to the LR at each decay (plateau: < 1)",
-        check=(lambda x: 0 < x <= 1, "in (0, 1]")),
+        check=fraction()),
     Key("TRAIN.DECAY_MILESTONES", (30.0, 60.0, 90.0),
         "multistep: the LR is multiplied by DECAY_RATE after each of these epochs (increasing; fractions "
         "allowed), counted from the start, warmup included. timm's --decay-milestones, but a milestone m "
@@ -201,7 +201,7 @@ declare([
     Key("TRAIN.CYCLE_DECAY", 0.5,
         "cosine, tanh, poly: each cycle's peak LR is the previous one's times CYCLE_DECAY (timm's --lr- "
         "cycle-decay)",
-        check=(lambda x: 0 < x <= 1, "in (0, 1]")),
+        check=fraction()),
     Key("TRAIN.COOLDOWN_EPOCHS", 0.0,
         "cosine, tanh, poly: the last COOLDOWN_EPOCHS of TRAIN.EPOCHS hold the LR at MIN_LR after the "
         "cycles end (timm's --cooldown-epochs, which timm's train.py adds after --epochs; here they are "

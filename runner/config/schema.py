@@ -26,7 +26,7 @@ from yacs.config import CfgNode as CN
 from runner.config.defaults import _C
 from runner.config.keypath import ABSENT, get_value, inline_yaml, lookup, set_value
 from runner.errors import UserError
-from runner.keys import DECLARED, Rule
+from runner.keys import DECLARED, Rule, fraction
 from runner.optim import SCHEDULES
 
 # ---------------------------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ _RULES = {
     "DATA.VAL_FRACTION": (lambda x: 0 < x < 1, "in (0, 1)"),
     "DATA.BAD_FILE_BUDGET": _PROB,
     "AUG.HFLIP": _PROB, "AUG.COLOR_JITTER": _GE0, "AUG.REPROB": _PROB,
-    "AUG.CROP_PCT": (lambda x: 0 < x <= 1, "in (0, 1]"), "AUG.MIXUP": _GE0, "AUG.CUTMIX": _GE0,
+    "AUG.CROP_PCT": fraction(), "AUG.MIXUP": _GE0, "AUG.CUTMIX": _GE0,
     "AUG.MIXUP_PROB": _PROB, "AUG.MIXUP_SWITCH_PROB": _PROB, "AUG.SHIFT": _GE0,
     "TRAIN.EPOCHS": _GE1, "TRAIN.LR": _GT0, "TRAIN.MOMENTUM": _RATE, "TRAIN.WEIGHT_DECAY": _GE0,
     "TRAIN.ACCUM_STEPS": _GE1,
